@@ -1,0 +1,409 @@
+"""vlmkit's model classes: the vision model, the multimodal base model and the generative head.
+
+Data flow of `VLMKitModel.forward` (B batch, S sequence, H text hidden, N visual tokens):
+  1. embed_tokens(input_ids)                                   -> (B, S, H)
+  2. vision tower + connector per modality                      -> (N, H) + one (N, H) per DeepStack level
+  3. scatter the visual tokens into the placeholder positions (counts checked)
+  4. 3D positions per row from the attention mask              -> (4, B, S): text row + (t, h, w)
+  5. text decoder, DeepStack features added after its first layers
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import BaseModelOutputWithPooling, MultimodalCausalLMOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
+
+from ..configuration import VLMKitConfig, VLMKitVisionConfig, llm_grid_thw
+from .positions import multimodal_position_ids, text_positions, token_types_from_ids
+from .pretrained import VLMKitPreTrainedModel
+from .text import VLMKitTextModel
+from .vision import VLMKitVisionTowerMixin
+
+logger = logging.get_logger(__name__)
+
+# Attribute set on a generation cache at prefill: per-row offset between M-RoPE and text positions,
+# so a later forward that continues the cache without explicit positions can place its tokens.
+ROPE_DELTAS_ATTR = "vlmkit_rope_deltas"
+
+
+@dataclass
+class VLMKitVisualOutput(BaseModelOutputWithPooling):
+    """`pooler_output`: tuple of (N_i, H) per image/video; `deepstack_features`: one such tuple per
+    DeepStack level (None without DeepStack); `last_hidden_state`: (P, D) pre-connector patches."""
+
+    deepstack_features: list[tuple[torch.Tensor, ...]] | None = None
+
+
+class VLMKitVisionModel(VLMKitPreTrainedModel, VLMKitVisionTowerMixin):
+    """Vision tower plus connector: (P, C*T*p*p) pixels and (items, 3) grids -> LLM-width tokens."""
+
+    config_class = VLMKitVisionConfig
+    config: VLMKitVisionConfig
+    input_modalities = ("image", "video")
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: VLMKitVisionConfig, connector_type: str = "merger"):
+        super().__init__(config)
+        self._build_tower(config, connector_type)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        # The patch embedding plays the role of the input embedding: PEFT and gradient
+        # checkpointing hook it so that the vision tower's inputs can require grad.
+        return self.patch_embed
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, **kwargs) -> VLMKitVisualOutput:
+        out = self.encode(pixel_values, grid_thw, **kwargs)
+        return VLMKitVisualOutput(
+            last_hidden_state=out.last_hidden_state,
+            pooler_output=out.embeds,
+            deepstack_features=out.deepstack_embeds or None,
+        )
+
+
+class VLMKitModel(VLMKitPreTrainedModel):
+    """Vision tower + connector + language model, without the LM head."""
+
+    def __init__(self, config: VLMKitConfig):
+        super().__init__(config)
+        self.visual = VLMKitVisionModel(config.vision_config, connector_type=config.connector_type)
+        self.language_model = VLMKitTextModel(config.text_config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.language_model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.embed_tokens = value
+
+    # ----------------------------------------------------------------------------------- vision
+    def llm_grids(self, grid_thw: torch.Tensor) -> torch.Tensor:
+        """(items, 3) patch grids -> (items, 3) LLM token grids, via the shared geometry function."""
+        return torch.tensor([llm_grid_thw(g, self.config) for g in grid_thw.tolist()], dtype=torch.long)
+
+    def get_image_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None, **kwargs):
+        """Encode images; features come back split per image (and per DeepStack level)."""
+        if image_grid_thw is None:
+            raise ValueError(
+                f"pixel_values ({tuple(pixel_values.shape)}) were given without image_grid_thw; pass the "
+                "(num_images, 3) grid the processor returned"
+            )
+        return self._encode_visual(pixel_values, image_grid_thw, **kwargs)
+
+    def get_video_features(self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor | None = None, **kwargs):
+        if video_grid_thw is None:
+            raise ValueError(
+                f"pixel_values_videos ({tuple(pixel_values_videos.shape)}) were given without video_grid_thw; "
+                "pass the (num_videos, 3) grid the processor returned"
+            )
+        return self._encode_visual(pixel_values_videos, video_grid_thw, **kwargs)
+
+    def _encode_visual(self, pixel_values, grid_thw, **kwargs) -> VLMKitVisualOutput:
+        kwargs.pop("return_dict", None)
+        out = self.visual(pixel_values.to(self.visual.dtype), grid_thw, **kwargs)
+        llm_grids = self.llm_grids(torch.as_tensor(grid_thw).view(-1, 3))
+        sizes = llm_grids.prod(-1).tolist()
+        out.pooler_output = torch.split(out.pooler_output, sizes)
+        if out.deepstack_features is not None:
+            out.deepstack_features = [torch.split(level, sizes) for level in out.deepstack_features]
+        return out
+
+    def placeholder_mask(self, input_ids, inputs_embeds, token_id: int) -> torch.Tensor:
+        """(B, S) bool mask of one modality's placeholders, from ids or (without ids) from embeddings."""
+        if input_ids is not None:
+            return input_ids == token_id
+        token_embed = self.get_input_embeddings()(torch.tensor(token_id, device=inputs_embeds.device))
+        return (inputs_embeds == token_embed).all(-1)
+
+    def _scatter_visual(self, inputs_embeds, mask, encoded: VLMKitVisualOutput, name: str):
+        features = torch.cat(list(encoded.pooler_output), dim=0)
+        n_tokens, n_features = int(mask.sum()), features.shape[0]
+        if n_tokens != n_features:
+            per_item = [f.shape[0] for f in encoded.pooler_output]
+            raise ValueError(
+                f"{name} features and {name} placeholder tokens do not match: input holds {n_tokens} {name} "
+                f"tokens but the {len(per_item)} {name}(s) give {n_features} features ({per_item} per {name}). "
+                f"Build the prompt with the vlmkit processor so each {name} gets exactly its tokens."
+            )
+        features = features.to(inputs_embeds.device, inputs_embeds.dtype)
+        return inputs_embeds.masked_scatter(mask[..., None].expand_as(inputs_embeds), features)
+
+    @staticmethod
+    def _joint_deepstack(image_mask, video_mask, image_out, video_out):
+        """Merge per-modality DeepStack features into one (N_visual, H) tensor per level, ordered by
+        position in the (B, S) sequence, with the union mask they belong to."""
+        levels = []
+        outs = [(m, o) for m, o in ((image_mask, image_out), (video_mask, video_out)) if m is not None and o is not None]
+        outs = [(m, o) for m, o in outs if o.deepstack_features is not None]
+        if not outs:
+            return None, None
+        visual_mask = outs[0][0].clone()
+        for m, _ in outs[1:]:
+            visual_mask |= m
+        for level in range(len(outs[0][1].deepstack_features)):
+            first = torch.cat(list(outs[0][1].deepstack_features[level]))
+            joint = first.new_zeros(int(visual_mask.sum()), first.shape[-1])
+            for m, o in outs:
+                joint[m[visual_mask]] = torch.cat(list(o.deepstack_features[level])).to(joint.dtype)
+            levels.append(joint)
+        return visual_mask, levels
+
+    # -------------------------------------------------------------------------------- positions
+    def compute_position_ids(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        mm_token_type_ids: torch.Tensor | None,
+        image_grid_thw: torch.Tensor | None,
+        video_grid_thw: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        """(4, B, S) positions: row 0 sequential text positions (for the mask), rows 1-3 M-RoPE."""
+        batch, seq = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        past = cache.get_seq_length() if cache is not None else 0
+        text = text_positions(attention_mask, batch, seq, past, device)
+        has_grids = image_grid_thw is not None or video_grid_thw is not None
+        if past == 0 and has_grids and (input_ids is not None or mm_token_type_ids is not None):
+            types = mm_token_type_ids
+            if types is None:
+                types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
+            mrope, deltas = multimodal_position_ids(
+                types,
+                self.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
+                self.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
+                attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None,
+            )
+            mrope = mrope.to(device)
+        else:
+            deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if past > 0 else None
+            if deltas is None:
+                deltas = torch.zeros(batch, 1, dtype=torch.long)
+            deltas = deltas.to(device).repeat_interleave(batch // deltas.shape[0], dim=0)
+            mrope = (text + deltas)[None].expand(3, -1, -1)
+        return torch.cat([text[None], mrope], dim=0)
+
+    # ---------------------------------------------------------------------------------- forward
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        pixel_values_videos: torch.Tensor | None = None,
+        image_grid_thw: torch.LongTensor | None = None,
+        video_grid_thw: torch.LongTensor | None = None,
+        mm_token_type_ids: torch.Tensor | None = None,
+        mm_encoder_outputs: dict | None = None,
+        **kwargs,
+    ):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+
+        encoded = dict(mm_encoder_outputs or {})
+        for name, pixels, grid, encode in (
+            ("image", pixel_values, image_grid_thw, self.get_image_features),
+            ("video", pixel_values_videos, video_grid_thw, self.get_video_features),
+        ):
+            if pixels is None:
+                continue
+            if encoded.get(name) is not None:
+                raise ValueError(f"pass either {name} pixels or precomputed mm_encoder_outputs[{name!r}], not both")
+            encoded[name] = encode(pixels, grid)
+
+        past = cache.get_seq_length() if cache is not None else 0
+        masks = {}
+        for name, token_id in (("image", self.config.image_token_id), ("video", self.config.video_token_id)):
+            mask = self.placeholder_mask(input_ids, inputs_embeds, token_id)
+            if encoded.get(name) is not None:
+                inputs_embeds = self._scatter_visual(inputs_embeds, mask, encoded[name], name)
+                masks[name] = mask
+            elif past == 0 and bool(mask.any()):
+                raise ValueError(
+                    f"input holds {int(mask.sum())} {name} placeholder tokens but no {name} pixels were given "
+                    f"(pass pixel_values{'' if name == 'image' else '_videos'} and {name}_grid_thw)"
+                )
+
+        visual_pos_masks, deepstack_embeds = self._joint_deepstack(
+            masks.get("image"), masks.get("video"), encoded.get("image"), encoded.get("video")
+        )
+
+        if position_ids is None:
+            position_ids = self.compute_position_ids(
+                input_ids, inputs_embeds, attention_mask, mm_token_type_ids, image_grid_thw, video_grid_thw, cache
+            )
+        if cache is not None and past == 0 and position_ids.ndim == 3 and position_ids.shape[0] == 4:
+            # The last prompt token is text (all rows equal), so its M-RoPE minus text position is the delta.
+            setattr(cache, ROPE_DELTAS_ATTR, (position_ids[1, :, -1:] - position_ids[0, :, -1:]).detach())
+
+        outputs = self.language_model(
+            input_ids=None,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            visual_pos_masks=visual_pos_masks,
+            deepstack_visual_embeds=deepstack_embeds,
+            **kwargs,
+        )
+        outputs.image_outputs = encoded.get("image")
+        outputs.video_outputs = encoded.get("video")
+        return outputs
+
+
+class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, GenerationMixin):
+    """VLMKitModel plus the LM head, loss and the generation glue for multimodal inputs."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}
+    # Trainer passes num_items_in_batch, so the loss is token-weighted under gradient accumulation.
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: VLMKitConfig):
+        super().__init__(config)
+        self.model = VLMKitModel(config)
+        self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def get_image_features(self, pixel_values, image_grid_thw=None, **kwargs):
+        return self.model.get_image_features(pixel_values, image_grid_thw, **kwargs)
+
+    def get_video_features(self, pixel_values_videos, video_grid_thw=None, **kwargs):
+        return self.model.get_video_features(pixel_values_videos, video_grid_thw, **kwargs)
+
+    @property
+    def visual(self) -> VLMKitVisionModel:
+        return self.model.visual
+
+    @property
+    def language_model(self) -> VLMKitTextModel:
+        return self.model.language_model
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        pixel_values_videos: torch.Tensor | None = None,
+        image_grid_thw: torch.LongTensor | None = None,
+        video_grid_thw: torch.LongTensor | None = None,
+        mm_token_type_ids: torch.Tensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        mm_encoder_outputs: dict | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> MultimodalCausalLMOutputWithPast:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            pixel_values=pixel_values,
+            pixel_values_videos=pixel_values_videos,
+            image_grid_thw=image_grid_thw,
+            video_grid_thw=video_grid_thw,
+            mm_token_type_ids=mm_token_type_ids,
+            mm_encoder_outputs=mm_encoder_outputs,
+            **kwargs,
+        )
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(
+                logits=logits,
+                labels=labels,
+                vocab_size=self.config.text_config.vocab_size,
+                num_items_in_batch=num_items_in_batch,
+            )
+        return MultimodalCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            image_outputs=outputs.image_outputs,
+            video_outputs=outputs.video_outputs,
+        )
+
+    # ------------------------------------------------------------------------------- generation
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
+        """4-row positions for the whole prompt, computed from scratch on every generate call.
+
+        Row 0 is the sequential text position (the generic one); rows 1-3 are M-RoPE positions.
+        The generic loop then slices the uncached part and appends last + 1 per decoded token, which
+        is right because every generated token is text. Nothing is stored on the module.
+        """
+        text = super()._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
+        input_ids = model_kwargs.get("input_ids")
+        if input_ids is None or input_ids.shape[1] == 0:
+            input_ids = inputs_tensor
+        batch = input_ids.shape[0]
+        text = text.expand(batch, -1)
+        is_ids = input_ids.ndim == 2 and not torch.is_floating_point(input_ids)
+        image_grid_thw, video_grid_thw = model_kwargs.get("image_grid_thw"), model_kwargs.get("video_grid_thw")
+        if is_ids and (image_grid_thw is not None or video_grid_thw is not None):
+            types = model_kwargs.get("mm_token_type_ids")
+            if types is None:
+                types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
+            mrope, _ = multimodal_position_ids(
+                types,
+                self.model.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
+                self.model.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
+                model_kwargs.get("attention_mask"),
+            )
+            mrope = mrope.to(text.device)
+        else:
+            cache = model_kwargs.get("cache")
+            deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if cache is not None else None
+            deltas = torch.zeros(batch, 1, dtype=torch.long) if deltas is None else deltas
+            mrope = (text + deltas.to(text.device))[None].expand(3, -1, -1)
+        return torch.cat([text[None], mrope], dim=0)
+
+    # ---------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, *args, allow_missing_weights: bool = False, **kwargs):
+        """`PreTrainedModel.from_pretrained`, but a checkpoint that lacks any weight of the model
+        raises instead of leaving that weight randomly initialised. Pass
+        `allow_missing_weights=True` to accept new, randomly initialised weights deliberately."""
+        return _strict_from_pretrained(super().from_pretrained, allow_missing_weights, *args, **kwargs)
+
+
+def _strict_from_pretrained(load, allow_missing: bool, *args, **kwargs):
+    want_info = kwargs.pop("output_loading_info", False)
+    model, info = load(*args, output_loading_info=True, **kwargs)
+    missing = sorted(info.get("missing_keys", []))
+    if missing and not allow_missing:
+        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise ValueError(
+            f"the checkpoint does not contain {len(missing)} weight(s) of {type(model).__name__}: {shown}. "
+            "They would be left randomly initialised; pass allow_missing_weights=True if that is intended."
+        )
+    return (model, info) if want_info else model

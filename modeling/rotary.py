@@ -1,0 +1,111 @@
+"""Rotary position embeddings: 2D axial rotary for the vision tower, interleaved M-RoPE for the text.
+
+Both modules keep `inv_freq` as a non-persistent buffer and follow transformers' naming contract
+(`*RotaryEmbedding` with `config`, `rope_type`, `original_inv_freq` and a
+`compute_<type>_rope_parameters` method) so that `from_pretrained`, which builds the model on the
+meta device, recomputes the buffers instead of leaving them uninitialised.
+"""
+
+import torch
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_vision_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate (P, heads, hd) q/k by per-patch (P, hd) angles, in float32, returned in the input dtype."""
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    q32, k32 = q.float(), k.float()
+    q_out = q32 * cos + rotate_half(q32) * sin
+    k_out = k32 * cos + rotate_half(k32) * sin
+    return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+def apply_text_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate (B, heads, S, hd) q/k by (B, S, hd) angles already cast to the model dtype."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class VLMKitVisionRotaryEmbedding(nn.Module):
+    """2D rotary over (h, w) patch coordinates.
+
+    head_dim/4 frequencies per axis: the angle vector is [h-freqs, w-freqs, h-freqs, w-freqs], so
+    rotate_half pairs every dimension with one of the same axis and frequency.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        if self.rope_type != "axial":
+            raise ValueError(f"the vision tower supports only axial rope, got rope_type={self.rope_type!r}")
+        inv_freq, self.attention_scaling = self.compute_axial_rope_parameters(config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_axial_rope_parameters(config, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+        base = config.rope_parameters["rope_theta"]
+        axis_dim = (config.hidden_size // config.num_heads) // 2
+        inv_freq = 1.0 / (base ** (torch.arange(0, axis_dim, 2, dtype=torch.float) / axis_dim))
+        return inv_freq.to(device), 1.0
+
+    def forward(self, patch_coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """patch_coords: (P, 2) long (h, w) -> cos, sin: (P, head_dim) float32."""
+        freqs = patch_coords[..., None].float() * self.inv_freq.float()  # (P, 2, hd/4)
+        freqs = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)  # (P, hd/2): [h | w]
+        angles = torch.cat([freqs, freqs], dim=-1)  # (P, hd)
+        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+
+
+class VLMKitTextRotaryEmbedding(nn.Module):
+    """Interleaved multimodal RoPE (Qwen3-VL).
+
+    Positions come as three rows (t, h, w). Frequency i uses the t row by default; indices
+    1, 4, 7, ... (< 3 * mrope_section[1]) use h and 2, 5, 8, ... (< 3 * mrope_section[2]) use w, so
+    every axis spans low and high frequencies. For text tokens all rows are equal and this is plain
+    1D RoPE.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        if self.rope_type != "default":
+            raise ValueError(f"M-RoPE supports rope_type 'default' only, got {self.rope_type!r}")
+        inv_freq, self.attention_scaling = self.compute_default_rope_parameters(config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+        self.mrope_section = config.mrope_section
+
+    @staticmethod
+    def compute_default_rope_parameters(config, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+        base = config.rope_parameters["rope_theta"]
+        dim = config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq.to(device), 1.0
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids: (3, B, S) -> cos, sin: (B, S, head_dim) in x.dtype."""
+        position_ids = position_ids.expand(3, -1, -1)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(x.device, torch.float)  # (3, B, S, hd/2)
+        freqs = self._interleave(freqs)  # (B, S, hd/2)
+        angles = torch.cat([freqs, freqs], dim=-1)  # (B, S, hd)
+        cos = angles.cos() * self.attention_scaling
+        sin = angles.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    def _interleave(self, freqs: torch.Tensor) -> torch.Tensor:
+        out = freqs[0].clone()
+        for axis in (1, 2):  # h, w overwrite every third frequency of the t row
+            positions = slice(axis, 3 * self.mrope_section[axis], 3)
+            out[..., positions] = freqs[axis, ..., positions]
+        return out

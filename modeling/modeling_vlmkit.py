@@ -24,6 +24,7 @@ from .positions import multimodal_position_ids, text_positions, token_types_from
 from .pretrained import VLMKitPreTrainedModel
 from .text import VLMKitTextModel
 from .vision import VLMKitVisionTowerMixin
+from .vision_geometry import check_grid_thw
 
 logger = logging.get_logger(__name__)
 
@@ -92,23 +93,24 @@ class VLMKitModel(VLMKitPreTrainedModel):
         """Encode images; features come back split per image (and per DeepStack level)."""
         if image_grid_thw is None:
             raise ValueError(
-                f"pixel_values ({tuple(pixel_values.shape)}) were given without image_grid_thw; pass the "
+                f"pixel_values of shape {tuple(pixel_values.shape)} were given without image_grid_thw; pass the "
                 "(num_images, 3) grid the processor returned"
             )
-        return self._encode_visual(pixel_values, image_grid_thw, **kwargs)
+        return self._encode_visual(pixel_values, image_grid_thw, "image_grid_thw", **kwargs)
 
     def get_video_features(self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor | None = None, **kwargs):
         if video_grid_thw is None:
             raise ValueError(
-                f"pixel_values_videos ({tuple(pixel_values_videos.shape)}) were given without video_grid_thw; "
+                f"pixel_values_videos of shape {tuple(pixel_values_videos.shape)} were given without video_grid_thw; "
                 "pass the (num_videos, 3) grid the processor returned"
             )
-        return self._encode_visual(pixel_values_videos, video_grid_thw, **kwargs)
+        return self._encode_visual(pixel_values_videos, video_grid_thw, "video_grid_thw", **kwargs)
 
-    def _encode_visual(self, pixel_values, grid_thw, **kwargs) -> VLMKitVisualOutput:
+    def _encode_visual(self, pixel_values, grid_thw, grid_name: str, **kwargs) -> VLMKitVisualOutput:
         kwargs.pop("return_dict", None)
+        grid_thw = check_grid_thw(grid_thw, self.config.vision_config.spatial_merge_size, grid_name)
         out = self.visual(pixel_values.to(self.visual.dtype), grid_thw, **kwargs)
-        llm_grids = self.llm_grids(torch.as_tensor(grid_thw).view(-1, 3))
+        llm_grids = self.llm_grids(grid_thw)
         sizes = llm_grids.prod(-1).tolist()
         out.pooler_output = torch.split(out.pooler_output, sizes)
         if out.deepstack_features is not None:

@@ -53,3 +53,30 @@ def pair(reference_checkpoint):
     ref.generation_config.eos_token_id = EOS
     ref.generation_config.pad_token_id = PAD
     return ref, _load_ours(path)
+
+
+CORPUS = [
+    "describe the image please", "a cat sitting on a mat", "what is in this picture?", "hello world",
+    "how many shapes are there", "a red circle and a blue square", "the video shows a moving star",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return vlmkit.build_tokenizer(CORPUS, vocab_size=300)
+
+
+def make_processor(tokenizer, **image_kwargs):
+    settings = dict(patch_size=4, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 64, "longest_edge": 4096})
+    settings.update(image_kwargs)
+    image_processor = vlmkit.VLMKitImageProcessor(**settings)
+    video_processor = vlmkit.VLMKitVideoProcessor(
+        patch_size=settings["patch_size"], temporal_patch_size=2, merge_size=2,
+        size={"shortest_edge": 64, "longest_edge": 8 * 4096},
+    )
+    return vlmkit.VLMKitProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+
+
+@pytest.fixture
+def tiny_processor(tiny_tokenizer):
+    return make_processor(tiny_tokenizer)

@@ -1,10 +1,11 @@
 """Configuration classes for vlmkit.
 
 Field names and defaults follow transformers' Qwen3-VL configuration (so an official
-`config.json` loads unchanged), plus the vlmkit-specific `connector_type`. This module imports no
-torch model code: the processor reads it too.
+`config.json` loads unchanged), plus the vlmkit-specific `connector_type` and `connector_config`.
+This module imports no torch model code: the processor reads it too.
 """
 
+import re
 from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
@@ -12,7 +13,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 from transformers.utils import logging
 
-from .geometry import CONNECTOR_TYPES
+from .geometry import CONNECTOR_TYPES, DEFAULT_NUM_LATENTS, DEFAULT_NUM_QUERIES, MROPE_LAYOUTS, geometry_settings
 
 logger = logging.get_logger(__name__)
 
@@ -127,19 +128,100 @@ class VLMKitTextConfig(PreTrainedConfig):
 
 
 @strict
+class VLMKitConnectorConfig(PreTrainedConfig):
+    r"""Hyperparameters of the vision-to-language connectors (all kinds; `VLMKitConfig.connector_type`
+    picks the one that is built). Defaults are the references' (connectors_and_style.md, C.2):
+    LLaVA-1.5 `mlp2x_gelu`, BLIP-2's Q-Former, Idefics2's perceiver resampler.
+
+    Every connector works from the vision tower's width (`vision_config.hidden_size`) to the LLM
+    width (`vision_config.out_hidden_size`); those are not repeated here.
+    """
+
+    model_type = "vlmkit_connector"
+    base_config_key = "connector_config"
+
+    use_deepstack: bool = True  # one extra connector instance per DeepStack level; False builds none
+    mrope_layout: str | None = None  # None: the connector's own ("grid" merger/mlp, "sequence" qformer/resampler)
+    query_grid: list[int] | tuple[int, ...] | None = None  # (gh, gw) virtual grid of the queries; None: most square
+
+    # LLaVA-1.5 mlp{N}x_gelu: Linear(D_vision -> D_llm), then N-1 x (act, Linear(D_llm -> D_llm))
+    mlp_depth: int = 2
+    mlp_hidden_act: str = "gelu"
+
+    # BLIP-2 Q-Former (bert-base sized): self-attention every layer, cross-attention every `frequency`-th
+    num_queries: int = DEFAULT_NUM_QUERIES
+    qformer_hidden_size: int = 768
+    qformer_num_layers: int = 12
+    qformer_num_heads: int = 12
+    qformer_intermediate_size: int = 3072
+    qformer_hidden_act: str = "gelu"
+    cross_attention_frequency: int = 2
+
+    # Idefics2 perceiver resampler, working at the LLM width with grouped-query attention
+    num_latents: int = DEFAULT_NUM_LATENTS
+    resampler_depth: int = 3
+    resampler_num_heads: int = 16
+    resampler_head_dim: int = 96
+    resampler_num_key_value_heads: int = 4
+    resampler_intermediate_size: int | None = None  # SwiGLU width of the projection and layers; None: 4 x D_llm
+    resampler_hidden_act: str = "silu"
+
+    def __post_init__(self, **kwargs):
+        kwargs.pop("model_type", None)
+        if self.query_grid is not None:
+            self.query_grid = list(self.query_grid)
+        super().__post_init__(**kwargs)
+        self.check_architecture()
+
+    def check_architecture(self):
+        """Raise ValueError (not the dataclass validator's wrapper) naming what is inconsistent."""
+        positive = ("mlp_depth", "num_queries", "qformer_hidden_size", "qformer_num_layers", "qformer_num_heads",
+                    "qformer_intermediate_size", "cross_attention_frequency", "num_latents", "resampler_depth",
+                    "resampler_num_heads", "resampler_head_dim", "resampler_num_key_value_heads")
+        bad = {name: getattr(self, name) for name in positive if getattr(self, name) < 1}
+        if bad:
+            raise ValueError(f"connector settings must be at least 1: {bad}")
+        if self.mrope_layout is not None and self.mrope_layout not in MROPE_LAYOUTS:
+            raise ValueError(f"mrope_layout {self.mrope_layout!r} is not one of {list(MROPE_LAYOUTS)} (or None)")
+        if self.query_grid is not None and (len(self.query_grid) != 2 or min(self.query_grid) < 1):
+            raise ValueError(f"query_grid must be two positive numbers (gh, gw), got {self.query_grid}")
+        if self.qformer_hidden_size % self.qformer_num_heads:
+            raise ValueError(f"qformer_hidden_size {self.qformer_hidden_size} is not divisible by "
+                             f"qformer_num_heads {self.qformer_num_heads}")
+        if self.resampler_num_heads % self.resampler_num_key_value_heads:
+            raise ValueError(f"resampler_num_heads {self.resampler_num_heads} is not a multiple of "
+                             f"resampler_num_key_value_heads {self.resampler_num_key_value_heads}")
+
+
+# LLaVA's projector names: "mlp2x_gelu" is the MLP connector of depth 2.
+_LLAVA_MLP_ALIAS = re.compile(r"mlp(\d+)x_gelu")
+
+
+@strict
 class VLMKitConfig(PreTrainedConfig):
     r"""Top-level configuration: a vision tower, a connector and a language model.
 
     Reads official Qwen3-VL `config.json` files (current `rope_parameters` and the older
-    `rope_scaling` + `rope_theta` form). `connector_type` picks the vision-to-language connector;
-    "merger" is Qwen3-VL's 2x2 patch merger and keeps its checkpoint layout.
+    `rope_scaling` + `rope_theta` form). `connector_type` picks the vision-to-language connector:
+    "merger" (Qwen3-VL's 2x2 patch merger, its checkpoint layout), "mlp" (LLaVA-1.5; "mlp2x_gelu"
+    is accepted as an alias), "qformer" (BLIP-2) or "resampler" (Idefics2 perceiver);
+    `connector_config` holds their hyperparameters. A Qwen3-VL config has neither and reads as the
+    merger with DeepStack.
+
+    Loading a checkpoint with another connector: `from_pretrained(path, connector_type="qformer",
+    connector_config={"num_queries": 16})` (the dict updates the checkpoint's connector settings).
     """
 
     model_type = "vlmkit"
-    sub_configs_defaults = {"vision_config": VLMKitVisionConfig, "text_config": VLMKitTextConfig}
+    sub_configs_defaults = {
+        "vision_config": VLMKitVisionConfig,
+        "text_config": VLMKitTextConfig,
+        "connector_config": VLMKitConnectorConfig,
+    }
 
     text_config: dict | PreTrainedConfig | None = None
     vision_config: dict | PreTrainedConfig | None = None
+    connector_config: dict | PreTrainedConfig | None = None
     image_token_id: int = 151655
     video_token_id: int = 151656
     vision_start_token_id: int = 151652
@@ -152,8 +234,32 @@ class VLMKitConfig(PreTrainedConfig):
         kwargs.pop("model_type", None)
         _drop_foreign_model_type(self.vision_config, QWEN3_VL_VISION_MODEL_TYPES)
         _drop_foreign_model_type(self.text_config, QWEN3_VL_TEXT_MODEL_TYPES)
+        alias = _LLAVA_MLP_ALIAS.fullmatch(self.connector_type)
+        if alias:
+            self.connector_type = "mlp"
         super().__post_init__(**kwargs)
+        if alias:
+            self.connector_config.mlp_depth = int(alias.group(1))
+            self.connector_config.mlp_hidden_act = "gelu"
+            self.connector_config.check_architecture()
         self.check_architecture()
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        # transformers applies loading kwargs with setattr on the finished config, which would skip
+        # check_architecture and replace the connector settings wholesale; fold ours in beforehand.
+        config_dict = dict(config_dict)
+        if "connector_type" in kwargs:
+            config_dict["connector_type"] = kwargs.pop("connector_type")
+        if "connector_config" in kwargs:
+            override = kwargs.pop("connector_config")
+            current = config_dict.get("connector_config") or {}
+            if isinstance(current, PreTrainedConfig):
+                current = current.to_dict()
+            config_dict["connector_config"] = override if isinstance(override, PreTrainedConfig) else {
+                **current, **(override or {})
+            }
+        return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -168,3 +274,4 @@ class VLMKitConfig(PreTrainedConfig):
         """Raise ValueError (not the dataclass validator's wrapper) naming what is inconsistent."""
         if self.connector_type not in CONNECTOR_TYPES:
             raise ValueError(f"connector_type {self.connector_type!r} is not one of {sorted(CONNECTOR_TYPES)}")
+        geometry_settings(self)  # raises for a layout or query grid the connector cannot have

@@ -8,6 +8,7 @@ Data flow of `VLMKitModel.forward` (B batch, S sequence, H text hidden, N visual
   5. text decoder, DeepStack features added after its first layers
 """
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from ..configuration import VLMKitConfig, VLMKitVisionConfig, llm_grid_thw
+from ..configuration import VLMKitConfig, VLMKitConnectorConfig, VLMKitVisionConfig, llm_grid_thw, mrope_layout
 from .positions import multimodal_position_ids, text_positions, token_types_from_ids
 from .pretrained import VLMKitPreTrainedModel
 from .text import VLMKitTextModel
@@ -49,9 +50,14 @@ class VLMKitVisionModel(VLMKitPreTrainedModel, VLMKitVisionTowerMixin):
     input_modalities = ("image", "video")
     main_input_name = "pixel_values"
 
-    def __init__(self, config: VLMKitVisionConfig, connector_type: str = "merger"):
+    def __init__(
+        self,
+        config: VLMKitVisionConfig,
+        connector_type: str = "merger",
+        connector_config: VLMKitConnectorConfig | None = None,
+    ):
         super().__init__(config)
-        self._build_tower(config, connector_type)
+        self._build_tower(config, connector_type, connector_config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -74,7 +80,9 @@ class VLMKitModel(VLMKitPreTrainedModel):
 
     def __init__(self, config: VLMKitConfig):
         super().__init__(config)
-        self.visual = VLMKitVisionModel(config.vision_config, connector_type=config.connector_type)
+        self.visual = VLMKitVisionModel(
+            config.vision_config, connector_type=config.connector_type, connector_config=config.connector_config
+        )
         self.language_model = VLMKitTextModel(config.text_config)
         self.post_init()
 
@@ -110,8 +118,12 @@ class VLMKitModel(VLMKitPreTrainedModel):
         kwargs.pop("return_dict", None)
         grid_thw = check_grid_thw(grid_thw, self.config.vision_config.spatial_merge_size, grid_name)
         out = self.visual(pixel_values.to(self.visual.dtype), grid_thw, **kwargs)
-        llm_grids = self.llm_grids(grid_thw)
-        sizes = llm_grids.prod(-1).tolist()
+        sizes = self.llm_grids(grid_thw).prod(-1).tolist()
+        if out.pooler_output.shape[0] != sum(sizes):
+            raise ValueError(
+                f"the {self.config.connector_type} connector returned {out.pooler_output.shape[0]} tokens for "
+                f"{grid_name} {grid_thw.tolist()}, but the token geometry gives {sum(sizes)} ({sizes} per item)"
+            )
         out.pooler_output = torch.split(out.pooler_output, sizes)
         if out.deepstack_features is not None:
             out.deepstack_features = [torch.split(level, sizes) for level in out.deepstack_features]
@@ -158,6 +170,16 @@ class VLMKitModel(VLMKitPreTrainedModel):
         return visual_mask, levels
 
     # -------------------------------------------------------------------------------- positions
+    def mrope_position_ids(self, mm_token_type_ids, image_grid_thw, video_grid_thw, attention_mask):
+        """(3, B, S) M-RoPE positions and (B, 1) rope deltas, laid out as the connector's geometry says."""
+        return multimodal_position_ids(
+            mm_token_type_ids,
+            self.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
+            self.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
+            attention_mask,
+            layout=mrope_layout(self.config),
+        )
+
     def compute_position_ids(
         self,
         input_ids: torch.Tensor | None,
@@ -178,10 +200,10 @@ class VLMKitModel(VLMKitPreTrainedModel):
             types = mm_token_type_ids
             if types is None:
                 types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
-            mrope, deltas = multimodal_position_ids(
+            mrope, deltas = self.mrope_position_ids(
                 types,
-                self.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
-                self.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
+                image_grid_thw,
+                video_grid_thw,
                 attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None,
             )
             mrope = mrope.to(device)
@@ -375,11 +397,8 @@ class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, GenerationMixin):
             types = model_kwargs.get("mm_token_type_ids")
             if types is None:
                 types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
-            mrope, _ = multimodal_position_ids(
-                types,
-                self.model.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
-                self.model.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
-                model_kwargs.get("attention_mask"),
+            mrope, _ = self.model.mrope_position_ids(
+                types, image_grid_thw, video_grid_thw, model_kwargs.get("attention_mask")
             )
             mrope = mrope.to(text.device)
         else:
@@ -394,18 +413,62 @@ class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, GenerationMixin):
     def from_pretrained(cls, *args, allow_missing_weights: bool = False, **kwargs):
         """`PreTrainedModel.from_pretrained`, but a checkpoint that lacks any weight of the model
         raises instead of leaving that weight randomly initialised. Pass
-        `allow_missing_weights=True` to accept new, randomly initialised weights deliberately."""
+        `allow_missing_weights=True` to accept new, randomly initialised weights deliberately.
+
+        One case is deliberate by construction: a configuration whose connector differs from the
+        checkpoint's (`from_pretrained(qwen3_vl_path, connector_type="qformer", connector_config={...})`,
+        or `config=`). Then the connector weights (`model.visual.merger.*`,
+        `model.visual.deepstack_merger_list.*`) are new and logged as such; anything else missing raises.
+        """
         return _strict_from_pretrained(super().from_pretrained, allow_missing_weights, *args, **kwargs)
+
+
+# This class's connector weights: the main instance and its DeepStack instances, for every connector kind.
+_CONNECTOR_WEIGHT = re.compile(r"^model\.visual\.(merger|deepstack_merger_list)\.")
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+
+
+def _connector_signature(config: VLMKitConfig) -> tuple:
+    """What decides the connector's weights: its kind and its settings."""
+    settings = {name: getattr(config.connector_config, name) for name in VLMKitConnectorConfig.__annotations__}
+    return config.connector_type, settings
+
+
+def _saved_connector(args, kwargs) -> tuple | None:
+    """The connector signature of the checkpoint's own config.json (Qwen3-VL: the merger), if readable."""
+    path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+    if path is None:
+        return None
+    try:
+        saved = VLMKitConfig.from_pretrained(path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    except (OSError, ValueError):
+        return None
+    return _connector_signature(saved)
+
+
+def _shown(keys: list[str]) -> str:
+    return ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
 
 
 def _strict_from_pretrained(load, allow_missing: bool, *args, **kwargs):
     want_info = kwargs.pop("output_loading_info", False)
     model, info = load(*args, output_loading_info=True, **kwargs)
     missing = sorted(info.get("missing_keys", []))
+    saved = _saved_connector(args, kwargs) if missing else None
+    if saved is not None and saved != _connector_signature(model.config):
+        new = [k for k in missing if _CONNECTOR_WEIGHT.match(k)]
+        unused = sorted(k for k in info.get("unexpected_keys", []) if _CONNECTOR_WEIGHT.match(k))
+        missing = [k for k in missing if not _CONNECTOR_WEIGHT.match(k)]
+        if new:
+            logger.warning(
+                f"the checkpoint's connector is {saved[0]!r}, this model's is {model.config.connector_type!r}: "
+                f"{len(new)} connector weight(s) are new and start from their initialisation: {_shown(new)}. "
+                f"{len(unused)} checkpoint connector weight(s) are not used: {_shown(unused) or 'none'}. "
+                "from_pretrained(..., output_loading_info=True) returns the full lists."
+            )
     if missing and not allow_missing:
-        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise ValueError(
-            f"the checkpoint does not contain {len(missing)} weight(s) of {type(model).__name__}: {shown}. "
+            f"the checkpoint does not contain {len(missing)} weight(s) of {type(model).__name__}: {_shown(missing)}. "
             "They would be left randomly initialised; pass allow_missing_weights=True if that is intended."
         )
     return (model, info) if want_info else model

@@ -1,11 +1,17 @@
 """3D (t, h, w) position ids for the multimodal sequence (interleaved M-RoPE).
 
 Computed per row from the attention mask, so left padding never shifts a row's positions:
-padded slots get 0 and real tokens start at 0. Text runs advance all three rows together. A
-visual block placed at offset `p` gets t = p, h = p + row, w = p + col over its LLM grid
-(raster order), and the next token continues at p + max(gh, gw) (Qwen3-VL's rule, not the token
-count). Video grids are split per temporal slice: each slice is its own block, its time carried by
-the `<t seconds>` text before it.
+padded slots get 0 and real tokens start at 0. Text runs advance all three rows together. A visual
+block placed at offset `p` is laid out by the connector's M-RoPE layout (`geometry.mrope_layout`):
+
+- "grid" (merger, mlp; optional for query connectors): t = p, h = p + row, w = p + col over its LLM
+  grid (raster order), and the next token continues at p + max(gh, gw) (Qwen3-VL's rule, not the
+  token count).
+- "sequence" (Q-Former, resampler): the k-th token gets t = h = w = p + k, like text, and the next
+  token continues at p + gh * gw (Qwen2.5-Omni's rule for audio tokens, which have no grid).
+
+Video grids are split per temporal slice: each slice is its own block, its time carried by the
+`<t seconds>` text before it.
 
 Nothing here is stored on a module: the per-row offset between these positions and the plain text
 positions (the "rope delta") is returned to the caller.
@@ -43,10 +49,18 @@ def _runs(types: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _grid_block(start: int, gh: int, gw: int) -> torch.Tensor:
+def _grid_block(start: int, gh: int, gw: int) -> tuple[torch.Tensor, int]:
     rows = torch.arange(gh).repeat_interleave(gw)
     cols = torch.arange(gw).repeat(gh)
-    return torch.stack([torch.zeros_like(rows), rows, cols]) + start  # (3, gh*gw)
+    return torch.stack([torch.zeros_like(rows), rows, cols]) + start, start + max(gh, gw)  # (3, gh*gw)
+
+
+def _sequence_block(start: int, gh: int, gw: int) -> tuple[torch.Tensor, int]:
+    return torch.arange(gh * gw).expand(3, -1) + start, start + gh * gw  # (3, gh*gw)
+
+
+# layout -> (block start, LLM grid) -> (positions of the block's tokens, where the next token starts)
+BLOCK_LAYOUTS = {"grid": _grid_block, "sequence": _sequence_block}
 
 
 def multimodal_position_ids(
@@ -54,12 +68,17 @@ def multimodal_position_ids(
     image_llm_grids: torch.Tensor | None,
     video_llm_grids: torch.Tensor | None,
     attention_mask: torch.Tensor | None = None,
+    layout: str = "grid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions (3, B, S) and rope deltas (B, 1) = max position + 1 - number of real tokens.
 
     `image_llm_grids` / `video_llm_grids` are (items, 3) LLM-token grids, in the order their
-    placeholders appear across the batch (row-major over the batch, then the sequence).
+    placeholders appear across the batch (row-major over the batch, then the sequence). `layout`
+    is the connector's M-RoPE layout, "grid" or "sequence".
     """
+    if layout not in BLOCK_LAYOUTS:
+        raise ValueError(f"M-RoPE layout {layout!r} is not one of {sorted(BLOCK_LAYOUTS)}")
+    place_block = BLOCK_LAYOUTS[layout]
     batch, seq = mm_token_type_ids.shape
     device = mm_token_type_ids.device
     positions = torch.zeros(3, batch, seq, dtype=torch.long)
@@ -95,8 +114,8 @@ def multimodal_position_ids(
                         f"{name} grids; {name} #{cursor[kind]} needs {gh * gw} tokens"
                     )
                 cursor[kind] += 1
-                pieces.append(_grid_block(pos, gh, gw))
-                pos += max(gh, gw)
+                block, pos = place_block(pos, gh, gw)
+                pieces.append(block)
                 remaining -= gh * gw
         row = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
         positions[:, b, keep_cpu[b]] = row

@@ -111,7 +111,7 @@ class VisionTowerOutput(dict):
 class VLMKitVisionTowerMixin:
     """Forward of the vision tower, shared by the standalone model class and the submodule."""
 
-    def _build_tower(self, vision_config, connector_type: str):
+    def _build_tower(self, vision_config, connector_type: str, connector_config=None):
         cfg = vision_config
         self.spatial_merge_size = cfg.spatial_merge_size
         self.patch_embed = VLMKitVisionPatchEmbed(cfg)
@@ -119,11 +119,14 @@ class VLMKitVisionTowerMixin:
         self.num_grid_per_side = int(round(cfg.num_position_embeddings**0.5))
         self.rotary_pos_emb = VLMKitVisionRotaryEmbedding(cfg)
         self.blocks = nn.ModuleList([VLMKitVisionBlock(cfg) for _ in range(cfg.depth)])
-        self.deepstack_visual_indexes = list(cfg.deepstack_visual_indexes)
-        # Every connector lives at `merger` and `deepstack_merger_list`, where Qwen3-VL keeps its own.
-        self.merger = build_connector(connector_type, cfg, deepstack=False)
+        use_deepstack = connector_config is None or connector_config.use_deepstack
+        self.deepstack_visual_indexes = list(cfg.deepstack_visual_indexes) if use_deepstack else []
+        # Every connector lives at `merger` and `deepstack_merger_list`, where Qwen3-VL keeps its own:
+        # one instance per DeepStack level, so every level has the main output's token count and order.
+        self.merger = build_connector(connector_type, cfg, connector_config, deepstack=False)
         self.deepstack_merger_list = nn.ModuleList(
-            [build_connector(connector_type, cfg, deepstack=True) for _ in self.deepstack_visual_indexes]
+            build_connector(connector_type, cfg, connector_config, deepstack=True)
+            for _ in self.deepstack_visual_indexes
         )
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, **kwargs) -> VisionTowerOutput:

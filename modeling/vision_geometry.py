@@ -53,6 +53,21 @@ def patch_coordinates(grid_thw: torch.Tensor, spatial_merge_size: int) -> torch.
     return torch.cat(coords).to(grid_thw.device)
 
 
+def raster_order(grid_thw: torch.Tensor, spatial_merge_size: int) -> torch.Tensor:
+    """(P,) long gather index that lists the packed block-major patches frame by frame in raster order.
+
+    `features[raster_order(grid_thw, m)]` puts patch (row, col) of each frame at row * w + col.
+    """
+    m, order, offset = spatial_merge_size, [], 0
+    for t, h, w in grid_thw.tolist():
+        # the block-major indices laid out as (h/m, w/m, m, m), read back in (h/m, m, w/m, m) raster order
+        frame = torch.arange(h * w).reshape(h // m, w // m, m, m).permute(0, 2, 1, 3).reshape(h * w)
+        frames = frame + torch.arange(t)[:, None] * (h * w)  # (t, h*w)
+        order.append(frames.reshape(-1) + offset)
+        offset += t * h * w
+    return torch.cat(order).to(grid_thw.device)
+
+
 def _axis_taps(n: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
     """align_corners=True linear taps from an n-long axis into a side-long table: (n, 2) each."""
     src = torch.arange(n, dtype=torch.float32) * (side - 1) / max(n - 1, 1)

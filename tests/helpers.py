@@ -5,6 +5,8 @@ Everything is built locally: no download. The reference is transformers' own Qwe
 
 import torch
 
+from vlmkit.configuration import tokens_per_temporal_slice
+
 IMAGE, VIDEO, VSTART, VEND = 251, 252, 253, 254
 PAD = 0
 EOS = 1
@@ -34,6 +36,22 @@ def tiny_config_dict(tie_word_embeddings: bool = False, **overrides) -> dict:
     return cfg
 
 
+# Connector hyperparameters small enough for CPU; every connector kind reads its own fields.
+TINY_CONNECTOR_CONFIG = dict(
+    num_queries=6, qformer_hidden_size=32, qformer_num_layers=2, qformer_num_heads=2, qformer_intermediate_size=64,
+    cross_attention_frequency=2,
+    num_latents=5, resampler_depth=2, resampler_num_heads=4, resampler_head_dim=8, resampler_num_key_value_heads=2,
+    resampler_intermediate_size=64,
+)
+
+
+def tiny_connector_config_dict(connector_type: str, **connector_overrides) -> dict:
+    """tiny_config_dict with the given connector and TINY_CONNECTOR_CONFIG (plus overrides)."""
+    return tiny_config_dict(
+        connector_type=connector_type, connector_config={**TINY_CONNECTOR_CONFIG, **connector_overrides}
+    )
+
+
 def perturb_(model: torch.nn.Module, seed: int = 0, scale: float = 0.05) -> torch.nn.Module:
     """Add noise to every parameter so norms and biases are not at their trivial init."""
     gen = torch.Generator().manual_seed(seed)
@@ -55,10 +73,15 @@ def reference_model(tie_word_embeddings: bool = False, seed: int = 0, **override
 
 
 class Sample:
-    """One prompt: token ids plus the images / videos its placeholders stand for (in order)."""
+    """One prompt: token ids plus the images / videos its placeholders stand for (in order).
 
-    def __init__(self, gen: torch.Generator):
+    Placeholder counts come from the token geometry of `config` (a VLMKitConfig or flat geometry
+    settings); without one, from the merger's h * w / 4.
+    """
+
+    def __init__(self, gen: torch.Generator, config=None):
         self.gen = gen
+        self.config = config
         self.ids: list[int] = []
         self.images: list[tuple[int, int, int]] = []
         self.videos: list[tuple[int, int, int]] = []
@@ -69,10 +92,15 @@ class Sample:
         self.ids += torch.randint(10, 240, (n,), generator=self.gen).tolist()
         return self
 
+    def _tokens_per_slice(self, h: int, w: int) -> int:
+        if self.config is None:
+            return h * w // 4
+        return tokens_per_temporal_slice((1, h, w), self.config)
+
     def image(self, h: int, w: int) -> "Sample":
         self.images.append((1, h, w))
         self.image_pixels.append(torch.randn(h * w, PATCH_WIDTH, generator=self.gen))
-        self.ids += [VSTART] + [IMAGE] * (h * w // 4) + [VEND]
+        self.ids += [VSTART] + [IMAGE] * self._tokens_per_slice(h, w) + [VEND]
         return self
 
     def video(self, t: int, h: int, w: int) -> "Sample":
@@ -82,7 +110,7 @@ class Sample:
         self.ids += [VSTART]
         for _ in range(t):
             self.text(2)  # stands for the "<x.y seconds>" timestamp text
-            self.ids += [VSTART] + [VIDEO] * (h * w // 4) + [VEND]
+            self.ids += [VSTART] + [VIDEO] * self._tokens_per_slice(h, w) + [VEND]
         self.ids += [VEND]
         return self
 
@@ -111,5 +139,16 @@ def batch_inputs(samples: list[Sample], dtype=torch.float32, padding_side: str =
     return out
 
 
-def sample(seed: int = 0) -> Sample:
-    return Sample(torch.Generator().manual_seed(seed))
+def sample(seed: int = 0, config=None) -> Sample:
+    return Sample(torch.Generator().manual_seed(seed), config)
+
+
+def tiny_vlmkit_config_for(tokenizer, **overrides):
+    """The tiny config with the special-token ids of a tokenizer from vlmkit.build_tokenizer."""
+    import vlmkit
+
+    ids = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    cfg = tiny_config_dict(image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2],
+                           vision_end_token_id=ids[3], **overrides)
+    cfg["text_config"]["vocab_size"] = max(len(tokenizer), 300)
+    return vlmkit.VLMKitConfig(**cfg)

@@ -1,0 +1,42 @@
+"""vlmkit.data: procedural training and evaluation data.
+
+`shapesworld` generates ShapesWorld, small images of flat shapes (and short clips of one moving) with
+short, exactly gradable questions; see its docstring for the tasks and answers.
+"""
+
+from . import shapes, shapesworld
+from .shapesworld import (
+    ANSWER_SETS,
+    BACKGROUNDS,
+    COLOURS,
+    CURRICULUM,
+    HELDOUT_COMBOS,
+    KINDS,
+    SEEN_COMBOS,
+    TASKS,
+    as_messages,
+    blank_like,
+    box_to_relative,
+    build_dataset,
+    caption_of,
+    content_hash,
+    generate_split,
+    grade,
+    iou,
+    iter_samples,
+    majority_answers,
+    make_sample,
+    parse_box,
+    relative_box,
+    relative_to_box,
+    render_scene,
+    render_video,
+    sample_seed,
+)
+
+__all__ = [
+    "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "HELDOUT_COMBOS", "KINDS", "SEEN_COMBOS", "TASKS",
+    "as_messages", "blank_like", "box_to_relative", "build_dataset", "caption_of", "content_hash",
+    "generate_split", "grade", "iou", "iter_samples", "majority_answers", "make_sample", "parse_box",
+    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "shapes", "shapesworld",
+]

@@ -1,0 +1,308 @@
+"""ShapesWorld drawing primitives: colours, shape kinds, backgrounds, placement and box geometry.
+
+Everything here is a pure function: `render_scene(scene)` redraws an image from the JSON-able scene
+description alone (a speckled background carries its own noise seed), so a sample never needs to be
+stored. Boxes are in pixel-edge coordinates `[x1, y1, x2, y2]` (a shape fills the pixels
+x1 <= x < x2, y1 <= y < y2); `box_to_relative` turns them into Qwen3-VL's relative 0-1000 integers.
+
+Only numpy and Pillow are used (no other vlmkit module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import struct
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+# Saturated, clearly distinct colours; every background is light, so each stays visible.
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "orange": (245, 135, 0),
+    "yellow": (230, 200, 0),
+    "green": (30, 160, 50),
+    "blue": (30, 80, 230),
+    "purple": (145, 50, 200),
+    "black": (20, 20, 20),
+}
+KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+PLURALS: dict[str, str] = {kind: kind + ("es" if kind.endswith("s") else "s") for kind in KINDS}
+SIZES: tuple[str, ...] = ("small", "large")
+# Side of a shape's (square) box as a fraction of the image's shorter side; the ranges keep a large
+# shape at least 1.5x a small one.
+SIZE_FRACTIONS: dict[str, tuple[float, float]] = {"small": (0.15, 0.19), "large": (0.29, 0.35)}
+BACKGROUNDS: tuple[str, ...] = ("plain", "striped", "checkered", "speckled")
+
+# Colour-shape pairs that never appear in train or validation images (nor in their questions): one
+# per colour and one per kind (black and diamond keep all their pairs), 6 of the 49 pairs (12%).
+HELDOUT_COMBOS: tuple[tuple[str, str], ...] = (
+    ("red", "star"),
+    ("orange", "hexagon"),
+    ("yellow", "circle"),
+    ("green", "cross"),
+    ("blue", "triangle"),
+    ("purple", "square"),
+)
+ALL_COMBOS: tuple[tuple[str, str], ...] = tuple((c, k) for c in COLOURS for k in KINDS)
+SEEN_COMBOS: tuple[tuple[str, str], ...] = tuple(p for p in ALL_COMBOS if p not in HELDOUT_COMBOS)
+
+
+def _star(points: int = 5, inner: float = 0.4) -> list[tuple[float, float]]:
+    vertices = []
+    for i in range(2 * points):
+        radius = 1.0 if i % 2 == 0 else inner
+        angle = -math.pi / 2 + i * math.pi / points
+        vertices.append((radius * math.cos(angle), radius * math.sin(angle)))
+    xs, ys = [v[0] for v in vertices], [v[1] for v in vertices]
+    return [((x - min(xs)) / (max(xs) - min(xs)), (y - min(ys)) / (max(ys) - min(ys))) for x, y in vertices]
+
+
+_T, _U = 1 / 3, 2 / 3
+# Each kind as a polygon in the unit box, touching all four sides (the circle is drawn as an ellipse).
+POLYGONS: dict[str, list[tuple[float, float]]] = {
+    "square": [(0, 0), (1, 0), (1, 1), (0, 1)],
+    "triangle": [(0.5, 0), (1, 1), (0, 1)],
+    "star": _star(),
+    "diamond": [(0.5, 0), (1, 0.5), (0.5, 1), (0, 0.5)],
+    "hexagon": [(0.25, 0), (0.75, 0), (1, 0.5), (0.75, 1), (0.25, 1), (0, 0.5)],
+    "cross": [(_T, 0), (_U, 0), (_U, _T), (1, _T), (1, _U), (_U, _U), (_U, 1), (_T, 1), (_T, _U), (0, _U),
+              (0, _T), (_T, _T)],
+}
+
+
+# ----------------------------------------------------------------------------------------- sizes
+
+
+def sample_image_size(rng: np.random.Generator, image_size, size_multiple: int = 32,
+                      max_aspect: float = 2.0) -> tuple[int, int]:
+    """(width, height): `image_size` an int (fixed square), or (lo, hi), each side drawn from the
+    multiples of `size_multiple` in [lo, hi] with max(w, h) / min(w, h) <= max_aspect."""
+    if isinstance(image_size, (int, np.integer)):
+        return int(image_size), int(image_size)
+    lo, hi = (int(v) for v in image_size)
+    step = max(1, int(size_multiple))
+    sides = np.arange(-(-lo // step) * step, hi + 1, step)
+    if lo < 32 or hi < lo or len(sides) == 0:
+        raise ValueError(f"image_size range {image_size} with size_multiple={size_multiple} gives no side >= 32")
+    for _ in range(1000):
+        w, h = (int(v) for v in rng.choice(sides, size=2))
+        if max(w, h) / min(w, h) <= max_aspect:
+            return w, h
+    raise ValueError(f"no size in {image_size} has aspect ratio <= {max_aspect}")
+
+
+def shape_side(rng: np.random.Generator, size: str, width: int, height: int) -> int:
+    lo, hi = SIZE_FRACTIONS[size]
+    return max(6, int(round(rng.uniform(lo, hi) * min(width, height))))
+
+
+# ------------------------------------------------------------------------------------ backgrounds
+
+
+def sample_background(rng: np.random.Generator, kinds: Sequence[str] = BACKGROUNDS) -> dict:
+    """A JSON-able background spec: light base colour and, if textured, a low-contrast second tone."""
+    kind = str(kinds[int(rng.integers(len(kinds)))])
+    level = int(rng.integers(222, 248))
+    base = [int(np.clip(level + t, 200, 255)) for t in rng.integers(-8, 9, size=3)]
+    spec: dict = {"type": kind, "base": base}
+    if kind != "plain":
+        delta = int(rng.integers(14, 26))
+        spec["dark"] = [v - delta for v in base]
+    if kind == "striped":
+        spec["period"] = int(rng.integers(6, 17))
+        spec["orientation"] = str(rng.choice(["horizontal", "vertical", "diagonal"]))
+    elif kind == "checkered":
+        spec["period"] = int(rng.integers(6, 17))
+    elif kind == "speckled":
+        spec["noise_seed"] = int(rng.integers(2**31))
+    return spec
+
+
+def render_background(spec: dict, width: int, height: int) -> np.ndarray:
+    """(height, width, 3) uint8 pixels of a background spec."""
+    base = np.array(spec["base"], dtype=np.int16)
+    kind = spec["type"]
+    if kind == "plain":
+        return np.broadcast_to(base.astype(np.uint8), (height, width, 3)).copy()
+    dark = np.array(spec["dark"], dtype=np.int16)
+    if kind == "speckled":  # every pixel a random grey step between base and dark
+        depth = int((base - dark).max())
+        noise = np.random.default_rng(spec["noise_seed"]).integers(0, depth + 1, (height, width, 1), dtype=np.int16)
+        return np.maximum(base - noise, dark).astype(np.uint8)
+    period = int(spec["period"])  # one dark and one base band per period
+    bands = (2 * np.arange(width + height) // period) % 2  # band of each coordinate along a line
+    xs, ys = np.arange(width)[None, :], np.arange(height)[:, None]
+    if kind == "striped":
+        orientation = spec["orientation"]
+        band = bands[ys] + 0 * xs if orientation == "horizontal" else bands[xs] + 0 * ys if \
+            orientation == "vertical" else bands[xs + ys]
+    elif kind == "checkered":
+        band = bands[xs] ^ bands[ys]
+    else:
+        raise ValueError(f"unknown background type {kind!r}")
+    return np.take(np.stack([base, dark]).astype(np.uint8), band, axis=0)
+
+
+# -------------------------------------------------------------------------------------- drawing
+
+
+def draw_shape(draw: ImageDraw.ImageDraw, kind: str, colour: str, box: Sequence[int]) -> None:
+    x1, y1, x2, y2 = box
+    fill = COLOURS[colour]
+    if kind == "circle":
+        draw.ellipse([x1, y1, x2 - 1, y2 - 1], fill=fill)
+        return
+    w, h = x2 - 1 - x1, y2 - 1 - y1
+    draw.polygon([(x1 + u * w, y1 + v * h) for u, v in POLYGONS[kind]], fill=fill)
+
+
+def render_scene(scene: dict, frame: int | None = None, background: Image.Image | None = None) -> Image.Image:
+    """Draw a scene (or frame `frame` of a video scene: the moving shape at its box in that frame);
+    `background`, if given, is the already rendered background to draw on (it is copied)."""
+    width, height = scene["width"], scene["height"]
+    if background is None:
+        image = Image.fromarray(render_background(scene["background"], width, height), "RGB")
+    else:
+        image = background.copy()
+    draw = ImageDraw.Draw(image)
+    motion = scene.get("motion")
+    for index, shape in enumerate(scene["shapes"]):
+        box = shape["box"]
+        if motion is not None and frame is not None and index == motion["target"]:
+            box = motion["boxes"][frame]
+        draw_shape(draw, shape["kind"], shape["colour"], box)
+    return image
+
+
+def render_video(scene: dict) -> list[Image.Image]:
+    background = Image.fromarray(render_background(scene["background"], scene["width"], scene["height"]), "RGB")
+    return [render_scene(scene, frame=t, background=background) for t in range(scene["motion"]["num_frames"])]
+
+
+def blank_image(width: int, height: int, colour: Sequence[int] = (235, 235, 235)) -> Image.Image:
+    return Image.new("RGB", (width, height), tuple(colour))
+
+
+def encode_png(image: Image.Image, level: int = 1) -> bytes:
+    """Lossless RGB PNG bytes, written directly (no row filters, zlib level 1): several times faster than
+    Pillow's encoder on these small images, which matters when a dataset stores thousands."""
+    pixels = np.asarray(image.convert("RGB"))
+    height, width = pixels.shape[:2]
+    raw = np.zeros((height, width * 3 + 1), dtype=np.uint8)  # each row: filter type 0, then its bytes
+    raw[:, 1:] = pixels.reshape(height, width * 3)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw.tobytes(), level))
+            + chunk(b"IEND", b""))
+
+
+def content_hash(images: Image.Image | Sequence[Image.Image]) -> str:
+    """sha1 over the size and raw RGB bytes of an image or of every frame of a video."""
+    frames = [images] if isinstance(images, Image.Image) else list(images)
+    digest = hashlib.sha1()
+    for frame in frames:
+        frame = frame.convert("RGB")
+        digest.update(f"{frame.width}x{frame.height};".encode())
+        digest.update(frame.tobytes())
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ placement
+
+
+def boxes_clear(a: Sequence[float], b: Sequence[float], gap: float) -> bool:
+    """True when boxes a and b are at least `gap` pixels apart along x or along y."""
+    return a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
+
+
+def random_box(rng: np.random.Generator, side: int, width: int, height: int, margin: int) -> list[int] | None:
+    if side + 2 * margin > min(width, height):
+        return None
+    x1 = int(rng.integers(margin, width - margin - side + 1))
+    y1 = int(rng.integers(margin, height - margin - side + 1))
+    return [x1, y1, x1 + side, y1 + side]
+
+
+def place_box(rng: np.random.Generator, side: int, width: int, height: int, taken: Sequence[Sequence[float]],
+              gap: int, margin: int, tries: int = 100, accept=None) -> list[int] | None:
+    """Reject-sample a box of `side` clear of every box in `taken` (and passing `accept`, if given)."""
+    for _ in range(tries):
+        box = random_box(rng, side, width, height, margin)
+        if box is None:
+            return None
+        if all(boxes_clear(box, other, gap) for other in taken) and (accept is None or accept(box)):
+            return box
+    return None
+
+
+def centre(box: Sequence[float]) -> tuple[float, float]:
+    return (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+
+
+def relation(a: Sequence[float], b: Sequence[float], margin: float) -> str | None:
+    """Where box a is relative to box b: "left", "right", "above" or "below" when exactly one holds
+    clearly (separated by >= margin along one axis, overlapping along the other, and the centre offset
+    along that axis at least twice the other), else None."""
+    (ax, ay), (bx, by) = centre(a), centre(b)
+    dx, dy = ax - bx, ay - by
+    gap_x = max(b[0] - a[2], a[0] - b[2])
+    gap_y = max(b[1] - a[3], a[1] - b[3])
+    if gap_x >= margin and gap_y < 0 and abs(dx) >= 2 * abs(dy):
+        return "left" if dx < 0 else "right"
+    if gap_y >= margin and gap_x < 0 and abs(dy) >= 2 * abs(dx):
+        return "above" if dy < 0 else "below"
+    return None
+
+
+# ---------------------------------------------------------------------------------- box helpers
+
+
+def box_to_relative(box: Sequence[float], width: int, height: int) -> list[int]:
+    """Pixel box -> Qwen3-VL relative box: integers in 0..1000, x * 1000 / width, y * 1000 / height."""
+    x1, y1, x2, y2 = box
+    scaled = (1000 * x1 / width, 1000 * y1 / height, 1000 * x2 / width, 1000 * y2 / height)
+    return [min(1000, max(0, int(round(v)))) for v in scaled]
+
+
+relative_box = box_to_relative
+
+
+def relative_to_box(box: Sequence[float], width: int, height: int) -> list[float]:
+    """Qwen3-VL relative box (0..1000) -> pixel box (floats)."""
+    x1, y1, x2, y2 = box
+    return [x1 * width / 1000, y1 * height / 1000, x2 * width / 1000, y2 * height / 1000]
+
+
+def format_box(box: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(v)) for v in box) + "]"
+
+
+_NUMBER = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_BOX = re.compile(r"\[" + ",".join([_NUMBER] * 4) + r"\]")
+
+
+def parse_box(text: str) -> list[float] | None:
+    """The first `[x1, y1, x2, y2]` in text, or None."""
+    match = _BOX.search(text or "")
+    return [float(v) for v in match.groups()] if match else None
+
+
+def iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
+    """Intersection over union of two [x1, y1, x2, y2] boxes (0.0 for a missing or empty box)."""
+    if a is None or b is None:
+        return 0.0
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    if iw <= 0 or ih <= 0:
+        return 0.0
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0

@@ -1,0 +1,608 @@
+"""ShapesWorld: a procedural vision-language task generator, deterministic by seed.
+
+A sample is one question about a freshly drawn scene of 1-5 flat shapes (or a 4-8 frame clip of one
+shape moving), with a short, exactly gradable answer:
+
+==========  ==========================================  =============================================
+task        example question                            answers
+==========  ==========================================  =============================================
+caption     "Describe the image."                       "a small red circle, a large blue star and a
+                                                        small green square on a striped background."
+                                                        (shapes left to right; plain / striped /
+                                                        checkered / speckled background)
+count       "How many shapes are there?"                digits: "1".."5" for all shapes, "0".."3" for
+            "How many circles are there?"               the shapes of one kind or one colour
+            "How many red shapes are there?"
+colour      "What colour is the star?"                  a colour name (`COLOURS`); the kind asked
+                                                        about occurs exactly once
+existence   "Is there a blue square?"                   "yes" / "no", 50/50; a "no" scene holds the
+                                                        colour on another kind and the kind in another
+                                                        colour (one of them for a single shape)
+position    "Where is the red circle relative to the    "left" / "right" / "above" / "below" (of the
+            green star?"                                first shape relative to the second; asked only
+                                                        when exactly one holds clearly)
+grounding   "Where is the blue triangle? Give its box."  "[x1, y1, x2, y2]": Qwen3-VL relative integers
+                                                        0..1000, x * 1000 / width, y * 1000 / height
+motion      "Which way does the red circle move?"       "left" / "right" / "up" / "down"
+==========  ==========================================  =============================================
+
+Scenes: 1-5 shapes (`KINDS`: circle, square, triangle, star, diamond, hexagon, cross; `COLOURS`: red,
+orange, yellow, green, blue, purple, black; small or large), never overlapping, on a light plain,
+striped, checkered or speckled background. Images are 96-192 px a side in steps of 32 (patch 16 x
+merge 2, so the processor need not resize), aspect ratio up to 2:1; see `DEFAULTS` for every option
+(image_size, max_shapes, backgrounds, num_frames, fps, tasks, weights, ...) and `CURRICULUM` for
+easier presets (`difficulty=0/1/2`).
+
+Every shape named in a question is unique in its scene by colour and kind. Seeds: `make_sample(seed,
+task, split, heldout)` draws from numpy's SeedSequence over (seed, split, heldout, task), so one int
+regenerates a sample anywhere and the splits never share a seed stream; `build_dataset` gives sample i
+of a split the seed `sample_seed(seed, i)` and also drops any validation or test sample whose image
+hash occurs in an earlier split. Held-out colour-shape pairs (`HELDOUT_COMBOS`) never appear in train
+or validation images or questions; the test split's held-out part (`heldout=True`) asks about one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .shapes import (
+    BACKGROUNDS, COLOURS, HELDOUT_COMBOS, KINDS, PLURALS, SEEN_COMBOS, SIZES, blank_image, box_to_relative, centre,
+    content_hash, encode_png, format_box, iou, parse_box, place_box, random_box, relation, relative_box,
+    relative_to_box, render_scene, render_video, sample_background, sample_image_size, shape_side,
+)
+
+TASKS: tuple[str, ...] = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+_SPLIT_CODES = {"train": 0, "validation": 1, "test": 2}
+DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")
+RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
+BACKGROUND_WORDS = {"plain": "plain", "striped": "striped", "checkered": "checkered", "speckled": "speckled"}
+# The answers each task can give (grounding: a box string, caption: a sentence).
+ANSWER_SETS: dict[str, tuple[str, ...] | None] = {
+    "caption": None,
+    "count": tuple(str(n) for n in range(9)),
+    "colour": tuple(COLOURS),
+    "existence": ("yes", "no"),
+    "position": RELATIONS,
+    "grounding": None,
+    "motion": DIRECTIONS,
+}
+
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "caption": ("Describe the image.", "What is in this picture?", "Caption this image.",
+                "Describe the shapes from left to right.", "Write a short caption for the image."),
+    "count_all": ("How many shapes are there?", "How many shapes are in the image?", "Count the shapes.",
+                  "How many objects can you see?", "What is the number of shapes in the picture?"),
+    "count_kind": ("How many {kinds} are there?", "Count the {kinds}.", "How many {kinds} can you see?",
+                   "What is the number of {kinds} in the image?"),
+    "count_colour": ("How many {colour} shapes are there?", "Count the {colour} shapes.",
+                     "How many shapes are {colour}?", "How many {colour} objects can you see?"),
+    "colour": ("What colour is the {kind}?", "What color is the {kind}?", "Which colour is the {kind}?",
+               "Name the colour of the {kind}.", "The {kind} is what colour?"),
+    "existence": ("Is there {a_obj}?", "Is there {a_obj} in the image?", "Can you see {a_obj}?",
+                  "Does the picture contain {a_obj}?", "Is {a_obj} present?"),
+    "position": ("Where is the {a} relative to the {b}?", "Is the {a} left of, right of, above or below the {b}?",
+                 "Relative to the {b}, where is the {a}?",
+                 "Where is the {a} compared with the {b}? Answer left, right, above or below.",
+                 "In relation to the {b}, where is the {a}?"),
+    "grounding": ("Where is the {obj}? Give its box.", "Give the bounding box of the {obj}.",
+                  "Locate the {obj} as [x1, y1, x2, y2].", "Output the box of the {obj}.",
+                  "Find the {obj} and give its coordinates."),
+    "motion": ("Which way does the {obj} move?", "In which direction is the {obj} moving?",
+               "Where does the {obj} go: left, right, up or down?", "Which direction does the {obj} travel?",
+               "How does the {obj} move?"),
+}
+
+DEFAULTS: dict = dict(
+    image_size=(96, 192),  # int: fixed square; (lo, hi): each side drawn from multiples of size_multiple
+    size_multiple=32,  # 32 = patch 16 x merge 2: the processor then needs no resize
+    max_aspect=2.0,
+    min_shapes=1,
+    max_shapes=5,  # position asks about 2 shapes, so it uses at least 2
+    backgrounds=BACKGROUNDS,
+    num_frames=(4, 8),  # int or (lo, hi) inclusive
+    fps=2.0,
+    distractor_prob=0.5,  # motion: chance of one static distractor shape
+    tasks=None,  # restricts the task drawn when make_sample's task is None
+    weights=None,  # {task: weight} for that draw; uniform when None
+)
+# Curriculum presets, easiest first: `difficulty=i` starts from CURRICULUM[i] (explicit options win).
+CURRICULUM: tuple[dict, ...] = (
+    dict(image_size=128, max_shapes=2, backgrounds=("plain",), num_frames=4, distractor_prob=0.0),
+    dict(image_size=(96, 160), max_shapes=3, backgrounds=("plain", "striped"), num_frames=(4, 6)),
+    dict(),
+)
+
+
+class _Retry(Exception):
+    """The scene could not be laid out; draw again (from the same generator, so still deterministic)."""
+
+
+class _Context:
+    def __init__(self, rng: np.random.Generator, heldout: bool, opts: dict):
+        self.rng, self.heldout, self.opts = rng, heldout, opts
+        self.width, self.height = sample_image_size(rng, opts["image_size"], opts["size_multiple"],
+                                                    opts["max_aspect"])
+        short = min(self.width, self.height)
+        self.gap, self.margin = max(3, round(0.03 * short)), 2
+        self.position_margin = max(4, round(0.05 * short))
+        self.lo, self.hi = opts["min_shapes"], opts["max_shapes"]
+
+    def n_shapes(self, at_least: int = 1) -> int:
+        lo, hi = max(self.lo, at_least), max(self.hi, at_least)
+        return int(self.rng.integers(lo, hi + 1))
+
+    def pick(self, held: bool = False, kind=None, colour=None, not_kinds=(), not_colours=(), not_combos=()):
+        pool = HELDOUT_COMBOS if held else SEEN_COMBOS
+        found = [(c, k) for c, k in pool if (kind is None or k == kind) and (colour is None or c == colour)
+                 and k not in not_kinds and c not in not_colours and (c, k) not in not_combos]
+        if not found:
+            raise _Retry
+        return found[int(self.rng.integers(len(found)))]
+
+    def focus(self, **constraints):
+        """The combo a question is about: held out in a held-out sample, else seen."""
+        return self.pick(held=self.heldout, **constraints)
+
+    def size(self) -> str:
+        return SIZES[int(self.rng.integers(len(SIZES)))]
+
+    def shape(self, combo, size: str, box) -> dict:
+        return {"kind": combo[1], "colour": combo[0], "size": size, "box": [int(v) for v in box],
+                "centre": list(centre(box))}
+
+    def place(self, combos: Sequence[tuple[str, str]], placed: Sequence[dict] = ()) -> list[dict]:
+        """Lay out shapes clear of each other; a large shape that does not fit becomes small."""
+        shapes = list(placed)
+        for combo in combos:
+            size = self.size()
+            for attempt in ((size, "small") if size == "large" else (size,)):
+                side = shape_side(self.rng, attempt, self.width, self.height)
+                box = place_box(self.rng, side, self.width, self.height, [s["box"] for s in shapes],
+                                self.gap, self.margin)
+                if box is not None:
+                    shapes.append(self.shape(combo, attempt, box))
+                    break
+            else:
+                raise _Retry
+        return shapes
+
+    def shuffled(self, shapes: list[dict]) -> list[dict]:
+        return [shapes[i] for i in self.rng.permutation(len(shapes))]
+
+    def template(self, key: str) -> tuple[int, str]:
+        index = int(self.rng.integers(len(TEMPLATES[key])))
+        return index, TEMPLATES[key][index]
+
+
+def _name(combo) -> str:
+    return f"{combo[0]} {combo[1]}"
+
+
+def _article(phrase: str) -> str:
+    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+
+# ------------------------------------------------------------------------------------------ tasks
+# Each returns (shapes, query, template index, question, answer); motion also returns its motion dict.
+
+
+def _caption(ctx: _Context):
+    combos = [ctx.pick() for _ in range(ctx.n_shapes())]
+    if ctx.heldout:
+        combos[0] = ctx.focus()
+    shapes = ctx.shuffled(ctx.place(combos))
+    index, question = ctx.template("caption")
+    return shapes, {}, index, question, None  # the caption needs the background: filled in by make_sample
+
+
+def caption_of(scene: dict) -> str:
+    """The canonical caption: shapes sorted by centre x (then y), joined "a, b and c", then background."""
+    shapes = sorted(scene["shapes"], key=lambda s: (s["centre"][0], s["centre"][1]))
+    parts = [f"a {s['size']} {s['colour']} {s['kind']}" for s in shapes]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"{listed} on a {BACKGROUND_WORDS[scene['background']['type']]} background."
+
+
+def _count(ctx: _Context):
+    rng = ctx.rng
+    variant = ("all", "kind", "colour")[int(rng.integers(3))]
+    if variant == "all":
+        combos = [ctx.pick() for _ in range(ctx.n_shapes())]
+        if ctx.heldout:
+            combos[0] = ctx.focus()
+        query = {"variant": "all"}
+        fields = {}
+    else:
+        field = "kind" if variant == "kind" else "colour"
+        k = int(rng.integers(0, min(3, ctx.hi) + 1))
+        need_other = ctx.heldout and k == 0  # a held-out sample with no matching shape shows one elsewhere
+        lo_extra = max(ctx.lo - k, 1 - k, int(need_other), 0)
+        if ctx.hi - k < lo_extra:
+            raise _Retry
+        extra = int(rng.integers(lo_extra, ctx.hi - k + 1))
+        if ctx.heldout and k > 0:
+            first = ctx.focus()
+            value = first[1] if field == "kind" else first[0]
+            matching = [first] + [ctx.pick(**{field: value}) for _ in range(k - 1)]
+        else:
+            values = KINDS if field == "kind" else tuple(COLOURS)
+            value = values[int(rng.integers(len(values)))]
+            matching = [ctx.pick(**{field: value}) for _ in range(k)]
+        exclude = {"not_kinds": (value,)} if field == "kind" else {"not_colours": (value,)}
+        others = [ctx.pick(**exclude) for _ in range(extra)]
+        if ctx.heldout and k == 0:
+            others[0] = ctx.focus(**exclude)
+        combos = matching + others
+        query = {"variant": variant, field: value}
+        fields = {"kinds": PLURALS[value]} if field == "kind" else {"colour": value}
+    shapes = ctx.shuffled(ctx.place(combos))
+    if variant == "all":
+        answer = len(shapes)
+    else:
+        field = "kind" if variant == "kind" else "colour"
+        answer = sum(s[field] == query[field] for s in shapes)
+    index, template = ctx.template(f"count_{variant}")
+    return shapes, query, index, template.format(**fields), str(answer)
+
+
+def _colour(ctx: _Context):
+    if ctx.heldout:
+        target = ctx.focus()
+    else:
+        colour = tuple(COLOURS)[int(ctx.rng.integers(len(COLOURS)))]
+        target = ctx.pick(colour=colour)
+    others = [ctx.pick(not_kinds=(target[1],)) for _ in range(ctx.n_shapes() - 1)]
+    shapes = ctx.shuffled(ctx.place([target] + others))
+    index, template = ctx.template("colour")
+    return shapes, {"kind": target[1]}, index, template.format(kind=target[1]), target[0]
+
+
+def _existence(ctx: _Context):
+    n, present = ctx.n_shapes(), bool(ctx.rng.random() < 0.5)
+    asked = ctx.focus()
+    if present:
+        combos = [asked] + [ctx.pick() for _ in range(n - 1)]
+    else:  # the asked colour on another kind and the asked kind in another colour, so neither alone answers
+        partial = [ctx.pick(colour=asked[0], not_kinds=(asked[1],)), ctx.pick(kind=asked[1], not_colours=(asked[0],))]
+        if n == 1:
+            partial = [partial[int(ctx.rng.integers(2))]]
+        combos = partial + [ctx.pick(not_combos=(asked,)) for _ in range(n - len(partial))]
+    shapes = ctx.shuffled(ctx.place(combos))
+    index, template = ctx.template("existence")
+    query = {"colour": asked[0], "kind": asked[1], "present": present}
+    return shapes, query, index, template.format(a_obj=_article(_name(asked))), "yes" if present else "no"
+
+
+def _position(ctx: _Context):
+    rng = ctx.rng
+    n = ctx.n_shapes(at_least=2)
+    a = ctx.focus()
+    b = ctx.pick(not_combos=(a,))
+    wanted = RELATIONS[int(rng.integers(len(RELATIONS)))]
+    size_a, size_b = ctx.size(), ctx.size()
+    side_a = shape_side(rng, size_a, ctx.width, ctx.height)
+    side_b = shape_side(rng, size_b, ctx.width, ctx.height)
+    for _ in range(30):
+        box_a = random_box(rng, side_a, ctx.width, ctx.height, ctx.margin)
+        box_b = place_box(rng, side_b, ctx.width, ctx.height, [box_a], ctx.gap, ctx.margin, tries=40,
+                          accept=lambda box: relation(box_a, box, ctx.position_margin) == wanted)
+        if box_b is not None:
+            break
+    else:
+        raise _Retry
+    placed = [ctx.shape(a, size_a, box_a), ctx.shape(b, size_b, box_b)]
+    others = [ctx.pick(not_combos=(a, b)) for _ in range(n - 2)]
+    shapes = ctx.shuffled(ctx.place(others, placed))
+    index, template = ctx.template("position")
+    query = {"a": {"colour": a[0], "kind": a[1]}, "b": {"colour": b[0], "kind": b[1]}}
+    return shapes, query, index, template.format(a=_name(a), b=_name(b)), wanted
+
+
+def _grounding(ctx: _Context):
+    target = ctx.focus()
+    others = [ctx.pick(not_combos=(target,)) for _ in range(ctx.n_shapes() - 1)]
+    shapes = ctx.shuffled(ctx.place([target] + others))
+    box = next(s["box"] for s in shapes if (s["colour"], s["kind"]) == target)
+    index, template = ctx.template("grounding")
+    answer = format_box(box_to_relative(box, ctx.width, ctx.height))
+    return shapes, {"colour": target[0], "kind": target[1]}, index, template.format(obj=_name(target)), answer
+
+
+def _motion(ctx: _Context):
+    rng, w, h, m = ctx.rng, ctx.width, ctx.height, ctx.margin
+    frames = ctx.opts["num_frames"]
+    lo, hi = (frames, frames) if isinstance(frames, (int, np.integer)) else frames
+    count = int(rng.integers(lo, hi + 1))
+    direction = DIRECTIONS[int(rng.integers(len(DIRECTIONS)))]
+    target, size = ctx.focus(), ctx.size()
+    side = shape_side(rng, size, w, h)
+    horizontal = direction in ("left", "right")
+    length = w if horizontal else h
+    step_lo = max(2, int(np.ceil(0.3 * length / (count - 1))))
+    step_hi = (length - 2 * m - side) // (count - 1)
+    if step_hi < step_lo:
+        raise _Retry
+    step = int(rng.integers(step_lo, step_hi + 1))
+    travel = step * (count - 1)
+    along = int(rng.integers(m, length - m - side - travel + 1))  # the low end of the swept span
+    across = int(rng.integers(m, (h if horizontal else w) - m - side + 1))
+    sign = 1 if direction in ("right", "down") else -1
+    start = along if sign > 0 else along + travel
+    boxes = []
+    for t in range(count):
+        p = start + sign * step * t
+        x, y = (p, across) if horizontal else (across, p)
+        boxes.append([x, y, x + side, y + side])
+    moving = ctx.shape(target, size, boxes[0])
+    swept = {"colour": "", "kind": "", "box": [min(b[0] for b in boxes), min(b[1] for b in boxes),
+                                                 max(b[2] for b in boxes), max(b[3] for b in boxes)]}
+    shapes = [moving]
+    if ctx.hi >= 2 and rng.random() < ctx.opts["distractor_prob"]:
+        shapes += ctx.place([ctx.pick(not_combos=(target,))], [swept])[1:]
+    order = rng.permutation(len(shapes))
+    shapes = [shapes[i] for i in order]
+    motion = {"target": int(np.flatnonzero(order == 0)[0]), "direction": direction, "step": step,
+              "num_frames": count, "boxes": boxes}
+    index, template = ctx.template("motion")
+    query = {"colour": target[0], "kind": target[1]}
+    return shapes, query, index, template.format(obj=_name(target)), direction, motion
+
+
+_GENERATORS = {"caption": _caption, "count": _count, "colour": _colour, "existence": _existence,
+               "position": _position, "grounding": _grounding, "motion": _motion}
+
+
+# ------------------------------------------------------------------------------------------ API
+
+
+def _options(options: dict) -> dict:
+    difficulty = options.pop("difficulty", None)
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown ShapesWorld option(s): {sorted(unknown)}; known: {sorted(DEFAULTS)} and difficulty")
+    opts = dict(DEFAULTS)
+    if difficulty is not None:
+        opts.update(CURRICULUM[int(difficulty)])
+    opts.update(options)
+    if not 1 <= opts["min_shapes"] <= opts["max_shapes"] <= 8:
+        raise ValueError(f"need 1 <= min_shapes <= max_shapes <= 8, got {opts['min_shapes']}, {opts['max_shapes']}")
+    frames = opts["num_frames"]
+    lo, hi = (frames, frames) if isinstance(frames, (int, np.integer)) else frames
+    if not 2 <= lo <= hi:
+        raise ValueError(f"num_frames must be >= 2, got {frames}")
+    if not set(opts["backgrounds"]) <= set(BACKGROUNDS) or not opts["backgrounds"]:
+        raise ValueError(f"backgrounds must be a non-empty subset of {BACKGROUNDS}")
+    return opts
+
+
+def _task_list(tasks) -> tuple[str, ...]:
+    tasks = TASKS if tasks is None else ((tasks,) if isinstance(tasks, str) else tuple(tasks))
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task(s) {unknown}; choose from {TASKS}")
+    return tasks
+
+
+def _draw_task(seed: int, code: int, heldout: bool, tasks, weights) -> str:
+    tasks = _task_list(tasks)
+    rng = np.random.default_rng([seed, code, int(heldout), 1000])
+    if weights is None:
+        return tasks[int(rng.integers(len(tasks)))]
+    p = np.array([float(weights.get(t, 0.0)) for t in tasks])
+    if p.sum() <= 0 or (p < 0).any():
+        raise ValueError(f"weights {weights} give no positive weight to any of {tasks}")
+    return tasks[int(rng.choice(len(tasks), p=p / p.sum()))]
+
+
+def make_sample(seed: int, task: str | None = None, split: str = "train", heldout: bool = False,
+                **options) -> dict:
+    """One sample, a pure function of (seed, task, split, heldout, options).
+
+    Returns {"task", "image" (PIL or None), "video" (list of PIL frames or None), "fps" (video only),
+    "question", "answer", "heldout", "scene" (JSON-able: width, height, background, shapes with pixel
+    boxes, motion), "query" (what the question asks about), "template" (phrasing index),
+    "image_size" (w, h), "seed", "split", "hash" (sha1 of the pixels)}.
+    With task=None the task is drawn from `tasks` / `weights` (options); the draw does not disturb the
+    scene, so make_sample(seed, sample["task"], ...) gives the same sample. `heldout=True` (test split
+    only) makes the question's shape a held-out colour-shape pair.
+    """
+    if split not in _SPLIT_CODES:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if heldout and split != "test":
+        raise ValueError("held-out colour-shape pairs appear only in the test split")
+    if int(seed) < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    opts = _options(dict(options))
+    code, seed = _SPLIT_CODES[split], int(seed)
+    task = _draw_task(seed, code, heldout, opts["tasks"], opts["weights"]) if task is None else task
+    if task not in _GENERATORS:
+        raise ValueError(f"unknown task {task!r}; choose from {TASKS}")
+    rng = np.random.default_rng([seed, code, int(heldout), TASKS.index(task)])
+    for _ in range(100):
+        try:
+            ctx = _Context(rng, heldout, opts)
+            background = sample_background(rng, opts["backgrounds"])
+            shapes, query, index, question, answer, *motion = _GENERATORS[task](ctx)
+            break
+        except _Retry:
+            continue
+    else:  # pragma: no cover - only with options that leave no room for the shapes
+        raise RuntimeError(f"could not lay out a {task} scene with options {opts}")
+    scene = {"width": ctx.width, "height": ctx.height, "background": background, "shapes": shapes,
+             "motion": motion[0] if motion else None}
+    if task == "caption":
+        answer = caption_of(scene)
+    image, video, fps = None, None, None
+    if task == "motion":
+        video, fps = render_video(scene), float(opts["fps"])
+    else:
+        image = render_scene(scene)
+    return {"task": task, "image": image, "video": video, "fps": fps, "question": question, "answer": answer,
+            "heldout": bool(heldout), "scene": scene, "query": query, "template": index,
+            "image_size": (ctx.width, ctx.height), "seed": seed, "split": split,
+            "hash": content_hash(video if video is not None else image)}
+
+
+def sample_seed(base_seed: int, index: int) -> int:
+    """The seed of sample `index` of a stream started from `base_seed` (a 63-bit int)."""
+    state = np.random.SeedSequence([int(base_seed), int(index)]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) | (int(state[1]) >> 1)
+
+
+def iter_samples(split: str = "train", seed: int = 0, start: int = 0, heldout: bool = False,
+                 **options) -> Iterator[dict]:
+    """Endless stream make_sample(sample_seed(seed, i), split=split, ...) for i = start, start+1, ...
+    (training draws fresh samples from it; build_dataset's train split is its first num_train)."""
+    index = start
+    while True:
+        yield make_sample(sample_seed(seed, index), split=split, heldout=heldout, **options)
+        index += 1
+
+
+def _png(image) -> dict:
+    """An Image feature value: lossless PNG bytes."""
+    return {"bytes": encode_png(image), "path": None}
+
+
+def _row(sample: dict) -> dict:
+    image = None if sample["image"] is None else _png(sample["image"])
+    video = None if sample["video"] is None else [_png(frame) for frame in sample["video"]]
+    return {"task": sample["task"], "image": image, "video": video, "fps": sample["fps"],
+            "question": sample["question"], "answer": sample["answer"], "heldout": sample["heldout"],
+            "width": sample["image_size"][0], "height": sample["image_size"][1], "seed": sample["seed"],
+            "split": sample["split"], "hash": sample["hash"], "template": sample["template"],
+            "scene": json.dumps(sample["scene"], separators=(",", ":")),
+            "query": json.dumps(sample["query"], separators=(",", ":"))}
+
+
+def _features():
+    from datasets import Features, Image, List, Value
+
+    return Features({
+        "task": Value("string"), "image": Image(), "video": List(Image()), "fps": Value("float32"),
+        "question": Value("string"), "answer": Value("string"), "heldout": Value("bool"),
+        "width": Value("int32"), "height": Value("int32"), "seed": Value("int64"), "split": Value("string"),
+        "hash": Value("string"), "template": Value("int32"), "scene": Value("string"), "query": Value("string"),
+    })
+
+
+def generate_split(split: str, count: int, seed: int = 0, tasks=None, heldout: bool = False,
+                   exclude_hashes: Iterable[str] = (), weights=None, **options) -> list[dict]:
+    """`count` samples of one split: with weights=None the tasks cycle through `tasks` (exactly balanced),
+    else each is drawn by weight. Samples whose hash is in exclude_hashes (or repeats one already
+    drawn here) are skipped and the stream continues past them."""
+    tasks = _task_list(tasks)
+    exclude, samples, index = set(exclude_hashes), [], 0
+    while len(samples) < count:
+        task = tasks[len(samples) % len(tasks)] if weights is None else None
+        sample = make_sample(sample_seed(seed, index), task, split, heldout, tasks=tasks, weights=weights, **options)
+        index += 1
+        if sample["hash"] not in exclude:
+            exclude.add(sample["hash"])
+            samples.append(sample)
+    return samples
+
+
+def build_dataset(num_train: int, num_validation: int, num_test: int, seed: int = 0, tasks=None,
+                  num_test_heldout: int | None = None, weights=None, **options):
+    """A datasets.DatasetDict with train / validation / test splits.
+
+    The test split holds num_test samples: num_test - num_test_heldout on seen colour-shape pairs,
+    then num_test_heldout (default num_test // 3) on held-out pairs (column heldout=True). Columns:
+    task, image (Image, None for videos), video (list of Image, None for images), fps, question, answer,
+    heldout, width, height, seed, split, hash, template, scene (JSON), query (JSON). Validation skips any
+    image whose hash is in train, test any in train or validation.
+    """
+    from datasets import Dataset, DatasetDict
+
+    num_test_heldout = num_test // 3 if num_test_heldout is None else num_test_heldout
+    if not 0 <= num_test_heldout <= num_test:
+        raise ValueError(f"num_test_heldout must be in 0..num_test, got {num_test_heldout}")
+    common = dict(seed=seed, tasks=tasks, weights=weights, **options)
+    train = generate_split("train", num_train, **common)
+    seen = {s["hash"] for s in train}
+    validation = generate_split("validation", num_validation, exclude_hashes=seen, **common)
+    seen |= {s["hash"] for s in validation}
+    test = generate_split("test", num_test - num_test_heldout, exclude_hashes=seen, **common)
+    test += generate_split("test", num_test_heldout, heldout=True, exclude_hashes=seen, **common)
+    features = _features()
+
+    def to_dataset(samples):
+        rows = [_row(s) for s in samples]
+        return Dataset.from_dict({key: [r[key] for r in rows] for key in features}, features=features)
+
+    return DatasetDict(train=to_dataset(train), validation=to_dataset(validation), test=to_dataset(test))
+
+
+def as_messages(sample: dict, include_answer: bool = True) -> list[dict]:
+    """Hugging Face multimodal chat messages for a sample (or a dataset row): the user turn holds the image
+    (or the video's frames) then the question; the assistant turn the answer (left out when
+    include_answer=False, for generation). The video's fps is sample["fps"]."""
+    content: list[dict] = []
+    if sample.get("video"):
+        content.append({"type": "video", "video": list(sample["video"])})
+    elif sample.get("image") is not None:
+        content.append({"type": "image", "image": sample["image"]})
+    content.append({"type": "text", "text": sample["question"]})
+    messages = [{"role": "user", "content": content}]
+    if include_answer:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": sample["answer"]}]})
+    return messages
+
+
+def blank_like(sample: dict, colour: Sequence[int] = (235, 235, 235)) -> dict:
+    """The same sample (question, answer, scene) with a uniform blank image, or video of blank frames of
+    the same count, in place of the pixels: the blank-image baseline."""
+    out = dict(sample)
+    if sample.get("video"):
+        frames = list(sample["video"])
+        out["video"] = [blank_image(f.width, f.height, colour) for f in frames]
+        out["hash"] = content_hash(out["video"])
+    elif sample.get("image") is not None:
+        out["image"] = blank_image(sample["image"].width, sample["image"].height, colour)
+        out["hash"] = content_hash(out["image"])
+    out["blank"] = True
+    return out
+
+
+def majority_answers(split) -> dict[str, tuple[str, float]]:
+    """{task: (most common answer, its rate among that task's samples)} for a datasets.Dataset (only its
+    task and answer columns are read) or an iterable of samples; ties go to the smallest answer."""
+    if hasattr(split, "column_names"):
+        pairs = zip(split["task"], split["answer"])
+    else:
+        pairs = ((s["task"], s["answer"]) for s in split)
+    counts: dict[str, Counter] = {}
+    for task, answer in pairs:
+        counts.setdefault(task, Counter())[answer] += 1
+    result = {}
+    for task in sorted(counts, key=lambda t: TASKS.index(t) if t in TASKS else len(TASKS)):
+        answer, hits = min(counts[task].items(), key=lambda item: (-item[1], item[0]))
+        result[task] = (answer, hits / sum(counts[task].values()))
+    return result
+
+
+def normalise_answer(text: str) -> str:
+    return " ".join(str(text).strip().lower().split()).rstrip(".").strip()
+
+
+def grade(task: str, prediction: str, answer: str, iou_threshold: float = 0.5) -> bool:
+    """Exact match after normalise_answer (lower case, single spaces, no final period); grounding instead
+    needs IoU(prediction's box, answer's box) >= iou_threshold."""
+    if task == "grounding":
+        return iou(parse_box(prediction), parse_box(answer)) >= iou_threshold
+    return normalise_answer(prediction) == normalise_answer(answer)
+
+
+__all__ = [
+    "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
+    "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_messages", "blank_like",
+    "box_to_relative", "build_dataset", "caption_of", "content_hash", "format_box", "generate_split", "grade",
+    "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "relation",
+    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed",
+]

@@ -1,0 +1,250 @@
+"""ShapesWorld generator: determinism, split disjointness, held-out pairs, and answers checked against
+the scene by code written independently of the generator's."""
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from vlmkit.data import shapesworld as sw
+
+RELATIONS = {"left", "right", "above", "below"}
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return sw.build_dataset(1000, 100, 300, seed=0)
+
+
+def _pixels(sample):
+    frames = sample["video"] if sample["video"] is not None else [sample["image"]]
+    return [np.asarray(f.convert("RGB")).tobytes() for f in frames]
+
+
+def _combos_involved(scene, query):
+    combos = {(s["colour"], s["kind"]) for s in scene["shapes"]}
+    for q in (query, query.get("a", {}), query.get("b", {})):
+        if "colour" in q and "kind" in q:
+            combos.add((q["colour"], q["kind"]))
+    return combos
+
+
+def _one(scene, colour, kind):
+    found = [s for s in scene["shapes"] if (s["colour"], s["kind"]) == (colour, kind)]
+    assert len(found) == 1, (colour, kind, scene["shapes"])
+    return found[0]
+
+
+def _expected_relation(a, b):
+    """Independent reference: separated along exactly one axis, overlapping along the other."""
+    ax1, ay1, ax2, ay2 = a["box"]
+    bx1, by1, bx2, by2 = b["box"]
+    overlap_x, overlap_y = ax1 < bx2 and bx1 < ax2, ay1 < by2 and by1 < ay2
+    if overlap_y and ax2 < bx1:
+        return "left"
+    if overlap_y and bx2 < ax1:
+        return "right"
+    if overlap_x and ay2 < by1:
+        return "above"
+    if overlap_x and by2 < ay1:
+        return "below"
+    return None
+
+
+def test_same_seed_same_sample_different_seed_different():
+    for task in sw.TASKS:
+        a, b = sw.make_sample(7, task), sw.make_sample(7, task)
+        assert _pixels(a) == _pixels(b) and a["hash"] == b["hash"]
+        assert (a["question"], a["answer"], a["scene"]) == (b["question"], b["answer"], b["scene"])
+        hashes = {sw.make_sample(seed, task)["hash"] for seed in range(20)}
+        assert len(hashes) == 20, task
+        assert sw.make_sample(7, task, "test")["hash"] != a["hash"]  # splits draw from different streams
+    drawn = sw.make_sample(11)  # a drawn task regenerates exactly when named
+    assert sw.make_sample(11, drawn["task"])["hash"] == drawn["hash"]
+
+
+def test_build_dataset_deterministic_and_test_images_not_in_train(dataset):
+    again = sw.build_dataset(1000, 100, 300, seed=0)
+    for split in ("train", "validation", "test"):
+        for column in ("task", "question", "answer", "hash", "heldout", "scene"):
+            assert dataset[split][column] == again[split][column], (split, column)
+    assert [dataset[s].num_rows for s in ("train", "validation", "test")] == [1000, 100, 300]
+    assert sum(dataset["test"]["heldout"]) == 100
+    train = set(dataset["train"]["hash"])
+    assert len(train) == 1000
+    assert not train & set(dataset["test"]["hash"]) and not train & set(dataset["validation"]["hash"])
+    # the seed streams are disjoint by themselves, before build_dataset's de-duplication
+    raw_test = sw.generate_split("test", 200) + sw.generate_split("test", 100, heldout=True)
+    assert not train & {s["hash"] for s in raw_test}
+    # stored images decode to the hashed pixels
+    for row in dataset["test"].select(range(0, 300, 30)):
+        assert sw.content_hash(row["video"] if row["video"] is not None else row["image"]) == row["hash"]
+
+
+def test_heldout_combos_only_in_heldout_test(dataset):
+    assert sw.HELDOUT_COMBOS == (("red", "star"), ("orange", "hexagon"), ("yellow", "circle"),
+                                 ("green", "cross"), ("blue", "triangle"), ("purple", "square"))
+    assert len(sw.COLOURS) * len(sw.KINDS) == 49 and len(sw.SEEN_COMBOS) == 43
+    held = set(sw.HELDOUT_COMBOS)
+    for split in ("train", "validation"):
+        for row in dataset[split].select_columns(["scene", "query", "question"]):
+            assert not _combos_involved(json.loads(row["scene"]), json.loads(row["query"])) & held
+            assert not any(f"{c} {k}" in row["question"] for c, k in held)
+    test = dataset["test"].select_columns(["scene", "query", "heldout"])
+    appeared = set()
+    for row in test:
+        involved = _combos_involved(json.loads(row["scene"]), json.loads(row["query"])) & held
+        assert bool(involved) == row["heldout"]
+        appeared |= {(s["colour"], s["kind"]) for s in json.loads(row["scene"])["shapes"]} & held
+    assert appeared == held
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_answers_match_scene(split, heldout):
+    for seed in range(60):
+        for task in ("caption", "count", "colour", "existence", "position", "grounding"):
+            sample = sw.make_sample(seed, task, split, heldout)
+            scene, query, answer, question = sample["scene"], sample["query"], sample["answer"], sample["question"]
+            shapes = scene["shapes"]
+            assert 1 <= len(shapes) <= 5 and sample["image_size"] == (scene["width"], scene["height"])
+            if task == "count":
+                key = query["variant"]
+                expected = len(shapes) if key == "all" else sum(s[key] == query[key] for s in shapes)
+                assert answer == str(expected)
+                word = {"all": "", "kind": f"{query.get('kind')}s".replace("crosss", "crosses"),
+                        "colour": query.get("colour")}
+                assert word[key] in question
+            elif task == "colour":
+                (target,) = [s for s in shapes if s["kind"] == query["kind"]]
+                assert answer == target["colour"] and query["kind"] in question
+            elif task == "existence":
+                present = any((s["colour"], s["kind"]) == (query["colour"], query["kind"]) for s in shapes)
+                assert answer == ("yes" if present else "no") and f"{query['colour']} {query['kind']}" in question
+            elif task == "position":
+                a, b = _one(scene, **query["a"]), _one(scene, **query["b"])
+                assert answer == _expected_relation(a, b)
+                assert f"{a['colour']} {a['kind']}" in question and f"{b['colour']} {b['kind']}" in question
+            elif task == "grounding":
+                target = _one(scene, query["colour"], query["kind"])
+                box = [int(v) for v in answer.strip("[]").split(", ")]
+                assert answer == "[{}, {}, {}, {}]".format(*box) and all(0 <= v <= 1000 for v in box)
+                w, h = scene["width"], scene["height"]
+                assert sw.iou(sw.relative_to_box(box, w, h), target["box"]) > 0.95
+                # the box is the drawn extent: pixels of the target's colour near it span exactly the box
+                x1, y1, x2, y2 = target["box"]
+                pixels = np.asarray(sample["image"])[max(0, y1 - 2):y2 + 2, max(0, x1 - 2):x2 + 2]
+                ys, xs = np.nonzero((pixels == sw.COLOURS[target["colour"]]).all(-1))
+                left, top = max(0, x1 - 2), max(0, y1 - 2)
+                assert [xs.min() + left, ys.min() + top, xs.max() + left + 1, ys.max() + top + 1] == target["box"]
+            elif task == "caption":
+                ordered = sorted(shapes, key=lambda s: (s["box"][0] + s["box"][2], s["box"][1] + s["box"][3]))
+                words = [f"a {s['size']} {s['colour']} {s['kind']}" for s in ordered]
+                listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+                assert answer == f"{listed} on a {scene['background']['type']} background."
+
+
+def test_existence_balanced_and_answer_sets():
+    samples = [sw.make_sample(seed, "existence") for seed in range(400)]
+    assert 0.4 <= sum(s["answer"] == "yes" for s in samples) / 400 <= 0.6
+    for s in samples:  # a "no" scene shows the asked colour on another kind and the asked kind in another colour
+        if s["answer"] == "no" and len(s["scene"]["shapes"]) >= 2:
+            q = s["query"]
+            assert any(x["colour"] == q["colour"] for x in s["scene"]["shapes"])
+            assert any(x["kind"] == q["kind"] for x in s["scene"]["shapes"])
+    answers = {task: Counter(sw.make_sample(seed, task)["answer"] for seed in range(100)) for task in sw.TASKS}
+    assert set(answers["existence"]) == {"yes", "no"}
+    assert set(answers["position"]) == RELATIONS
+    assert set(answers["motion"]) == {"left", "right", "up", "down"}
+    assert set(answers["colour"]) == set(sw.COLOURS)
+    assert set(answers["count"]) == {"0", "1", "2", "3", "4", "5"}
+    for task in ("colour", "count", "existence", "position", "motion"):
+        assert max(answers[task].values()) / 100 < 0.62, task  # no answer dominates a task
+    phrasings = {task: len({sw.make_sample(seed, task)["question"] for seed in range(40)}) for task in ("caption",)}
+    templates = {task: len({sw.make_sample(seed, task)["template"] for seed in range(60)}) for task in sw.TASKS}
+    assert phrasings["caption"] >= 3 and min(templates.values()) >= 3
+
+
+def test_video_motion():
+    sizes = set()
+    for seed in range(50):
+        s = sw.make_sample(seed, "motion")
+        frames, motion = s["video"], s["scene"]["motion"]
+        assert s["image"] is None and s["fps"] == 2.0 and 4 <= len(frames) <= 8 and len(frames) == motion["num_frames"]
+        assert {f.size for f in frames} == {s["image_size"]}
+        sizes.add(len(frames))
+        centres = np.array([[(b[0] + b[2]) / 2, (b[1] + b[3]) / 2] for b in motion["boxes"]])
+        axis, sign = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}[s["answer"]]
+        steps = np.diff(centres, axis=0)
+        assert (sign * steps[:, axis] > 0).all() and len(set(steps[:, axis])) == 1  # monotonic, constant
+        assert (steps[:, 1 - axis] == 0).all()
+        target = s["scene"]["shapes"][motion["target"]]
+        assert f"{target['colour']} {target['kind']}" in s["question"]
+        for frame, (cx, cy) in zip(frames, centres):  # the shape is drawn where the box says
+            assert np.asarray(frame)[int(cy), int(cx)].tolist() == list(sw.COLOURS[target["colour"]])
+    assert sizes == {4, 5, 6, 7, 8}
+
+
+def test_image_sizes_shape_counts_and_options():
+    samples = [sw.make_sample(seed, task) for seed in range(60) for task in ("caption", "count")]
+    sizes = {s["image_size"] for s in samples}
+    assert all(96 <= w <= 192 and 96 <= h <= 192 and w % 32 == h % 32 == 0 for w, h in sizes)
+    assert all(max(w, h) / min(w, h) <= 2.0 for w, h in sizes)
+    assert len(sizes) >= 8 and len({round(w / h, 2) for w, h in sizes}) >= 5 and (192, 96) in sizes
+    assert {len(s["scene"]["shapes"]) for s in samples if s["task"] == "caption"} == {1, 2, 3, 4, 5}
+    fixed = [sw.make_sample(seed, "grounding", image_size=128, max_shapes=2) for seed in range(20)]
+    assert {s["image"].size for s in fixed} == {(128, 128)}
+    assert max(len(s["scene"]["shapes"]) for s in fixed) == 2
+    easy = [sw.make_sample(seed, difficulty=0) for seed in range(20)]
+    assert {s["scene"]["background"]["type"] for s in easy} == {"plain"}
+    assert {s["task"] for s in (sw.make_sample(seed, tasks=("count", "colour")) for seed in range(20))} == {
+        "count", "colour"}
+    assert {sw.make_sample(seed, weights={"motion": 1.0})["task"] for seed in range(5)} == {"motion"}
+    with pytest.raises(ValueError):
+        sw.make_sample(0, "count", "train", heldout=True)
+    with pytest.raises(TypeError):
+        sw.make_sample(0, "count", colour_count=3)
+
+
+def test_messages_blank_and_majority(dataset):
+    image_sample, video_sample = sw.make_sample(3, "colour"), sw.make_sample(3, "motion")
+    messages = sw.as_messages(image_sample)
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[0]["content"][0] == {"type": "image", "image": image_sample["image"]}
+    assert messages[0]["content"][1] == {"type": "text", "text": image_sample["question"]}
+    assert messages[1]["content"] == [{"type": "text", "text": image_sample["answer"]}]
+    video_messages = sw.as_messages(video_sample, include_answer=False)
+    assert len(video_messages) == 1 and video_messages[0]["content"][0]["type"] == "video"
+    assert len(video_messages[0]["content"][0]["video"]) == len(video_sample["video"])
+    row = dataset["train"][0]
+    assert sw.as_messages(row)[0]["content"][-1]["text"] == row["question"]
+
+    blank = sw.blank_like(image_sample)
+    assert blank["image"].size == image_sample["image"].size and blank["answer"] == image_sample["answer"]
+    assert np.unique(np.asarray(blank["image"]).reshape(-1, 3), axis=0).shape[0] == 1
+    blank_video = sw.blank_like(video_sample)
+    assert len(blank_video["video"]) == len(video_sample["video"]) and blank_video["hash"] != video_sample["hash"]
+    assert image_sample["image"] is not blank["image"] and image_sample.get("blank") is None
+
+    rows = [{"task": "count", "answer": "3"}, {"task": "count", "answer": "3"}, {"task": "count", "answer": "1"},
+            {"task": "existence", "answer": "yes"}, {"task": "existence", "answer": "no"}]
+    assert sw.majority_answers(rows) == {"count": ("3", 2 / 3), "existence": ("no", 0.5)}
+    majority = sw.majority_answers(dataset["train"])
+    assert set(majority) == set(sw.TASKS)
+    assert 0.4 <= majority["existence"][1] <= 0.6 and majority["grounding"][1] < 0.05
+
+
+def test_box_helpers_and_grading():
+    assert sw.box_to_relative([10, 20, 50, 60], 100, 200) == [100, 100, 500, 300]
+    assert sw.relative_box([0, 0, 96, 192], 96, 192) == [0, 0, 1000, 1000]
+    assert sw.relative_to_box([100, 100, 500, 300], 100, 200) == [10.0, 20.0, 50.0, 60.0]
+    assert sw.iou([0, 0, 10, 10], [0, 0, 10, 10]) == 1.0
+    assert sw.iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(1 / 3)
+    assert sw.iou([0, 0, 10, 10], [10, 10, 20, 20]) == 0.0 and sw.iou(None, [0, 0, 1, 1]) == 0.0
+    assert sw.parse_box("It is at [12, 34, 560, 780].") == [12.0, 34.0, 560.0, 780.0]
+    assert sw.parse_box("no box") is None
+    assert sw.grade("grounding", "[100, 100, 500, 300]", "[110, 100, 500, 300]")
+    assert not sw.grade("grounding", "[600, 600, 900, 900]", "[100, 100, 500, 300]")
+    assert sw.grade("colour", " Red. ", "red") and not sw.grade("count", "4", "3")
+    sample = sw.make_sample(5, "caption")
+    assert sw.render_scene(json.loads(json.dumps(sample["scene"]))).tobytes() == sample["image"].tobytes()

@@ -8,6 +8,8 @@ slice, as Qwen3-VL 5.24 writes it. Everything is checked before the model runs: 
 placeholders per sample, and truncation that would cut a vision span.
 """
 
+import json
+import os
 import re
 from typing import Any
 
@@ -15,7 +17,7 @@ from transformers.feature_extraction_utils import BatchFeature
 from transformers.processing_utils import ProcessorMixin
 from transformers.utils import logging
 
-from ..configuration.geometry import num_visual_tokens, tokens_per_temporal_slice
+from ..configuration.geometry import geometry_settings, num_visual_tokens, tokens_per_temporal_slice
 from .chat_template import CHAT_TEMPLATE
 from .image_processing_vlmkit import VLMKitImageProcessor
 from .video_processing_vlmkit import DEFAULT_SOURCE_FPS, VLMKitVideoProcessor
@@ -266,6 +268,33 @@ class VLMKitProcessor(ProcessorMixin):
                                            clean_up_tokenization_spaces=clean_up_tokenization_spaces, **kwargs)
 
     # ------------------------------------------------------------------------------ loading
+    @classmethod
+    def for_model(cls, config, tokenizer, image_processor=None, video_processor=None, **kwargs) -> "VLMKitProcessor":
+        """A processor whose placeholder counts follow `config`'s connector (and its special tokens)."""
+        return cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                   geometry=geometry_settings(config), **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Loads the processor; when the folder also holds a model config.json, checks that the
+        processor's token geometry is the one that model's connector emits."""
+        processor = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        config_file = os.path.join(os.fspath(pretrained_model_name_or_path), "config.json")
+        if os.path.isfile(config_file):
+            with open(config_file, encoding="utf-8") as handle:
+                model_type = json.load(handle).get("model_type")
+            if model_type in ("vlmkit", "qwen3_vl"):
+                from ..configuration import VLMKitConfig
+
+                expected = geometry_settings(VLMKitConfig.from_pretrained(pretrained_model_name_or_path))
+                if geometry_settings(processor.geometry) != expected:
+                    raise ValueError(
+                        f"the processor in {pretrained_model_name_or_path} counts visual tokens as {processor.geometry} "
+                        f"but the model there emits {expected}; save the processor built with "
+                        "VLMKitProcessor.for_model(model.config, tokenizer)"
+                    )
+        return processor
+
     @classmethod
     def _get_arguments_from_pretrained(cls, pretrained_model_name_or_path, processor_dict=None, **kwargs):
         """Sub-processors are read with vlmkit's own classes, whatever class name the files give, so

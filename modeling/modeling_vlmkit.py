@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPooling, MultimodalCausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from ..configuration import VLMKitConfig, VLMKitConnectorConfig, VLMKitVisionConfig, llm_grid_thw, mrope_layout
+from .generation import ROPE_DELTAS_ATTR, VLMKitGenerationMixin
 from .positions import multimodal_position_ids, text_positions, token_types_from_ids
 from .pretrained import VLMKitPreTrainedModel
 from .text import VLMKitTextModel
@@ -29,9 +29,6 @@ from .vision_geometry import check_grid_thw
 
 logger = logging.get_logger(__name__)
 
-# Attribute set on a generation cache at prefill: per-row offset between M-RoPE and text positions,
-# so a later forward that continues the cache without explicit positions can place its tokens.
-ROPE_DELTAS_ATTR = "vlmkit_rope_deltas"
 
 
 @dataclass
@@ -129,10 +126,14 @@ class VLMKitModel(VLMKitPreTrainedModel):
             out.deepstack_features = [torch.split(level, sizes) for level in out.deepstack_features]
         return out
 
-    def placeholder_mask(self, input_ids, inputs_embeds, token_id: int) -> torch.Tensor:
-        """(B, S) bool mask of one modality's placeholders, from ids or (without ids) from embeddings."""
+    def placeholder_mask(self, input_ids, inputs_embeds, token_id: int, mm_token_type_ids=None) -> torch.Tensor:
+        """(B, S) bool mask of one modality's placeholders: from ids, else from mm_token_type_ids (so
+        embeddings that already hold merged features still locate them), else from embeddings."""
         if input_ids is not None:
             return input_ids == token_id
+        if mm_token_type_ids is not None:
+            kind = 1 if token_id == self.config.image_token_id else 2
+            return (mm_token_type_ids == kind).to(inputs_embeds.device)
         token_embed = self.get_input_embeddings()(torch.tensor(token_id, device=inputs_embeds.device))
         return (inputs_embeds == token_embed).all(-1)
 
@@ -251,7 +252,7 @@ class VLMKitModel(VLMKitPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         masks = {}
         for name, token_id in (("image", self.config.image_token_id), ("video", self.config.video_token_id)):
-            mask = self.placeholder_mask(input_ids, inputs_embeds, token_id)
+            mask = self.placeholder_mask(input_ids, inputs_embeds, token_id, mm_token_type_ids)
             if encoded.get(name) is not None:
                 inputs_embeds = self._scatter_visual(inputs_embeds, mask, encoded[name], name)
                 masks[name] = mask
@@ -269,8 +270,9 @@ class VLMKitModel(VLMKitPreTrainedModel):
             position_ids = self.compute_position_ids(
                 input_ids, inputs_embeds, attention_mask, mm_token_type_ids, image_grid_thw, video_grid_thw, cache
             )
-        if cache is not None and past == 0 and position_ids.ndim == 3 and position_ids.shape[0] == 4:
-            # The last prompt token is text (all rows equal), so its M-RoPE minus text position is the delta.
+        if cache is not None and position_ids.ndim == 3 and position_ids.shape[0] == 4:
+            # The last token is text (all rows equal), so its M-RoPE minus text position is the delta a
+            # later continuation of this cache starts from.
             setattr(cache, ROPE_DELTAS_ATTR, (position_ids[1, :, -1:] - position_ids[0, :, -1:]).detach())
 
         outputs = self.language_model(
@@ -288,7 +290,7 @@ class VLMKitModel(VLMKitPreTrainedModel):
         return outputs
 
 
-class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, GenerationMixin):
+class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, VLMKitGenerationMixin):
     """VLMKitModel plus the LM head, loss and the generation glue for multimodal inputs."""
 
     _tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}
@@ -376,37 +378,6 @@ class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, GenerationMixin):
             image_outputs=outputs.image_outputs,
             video_outputs=outputs.video_outputs,
         )
-
-    # ------------------------------------------------------------------------------- generation
-    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
-        """4-row positions for the whole prompt, computed from scratch on every generate call.
-
-        Row 0 is the sequential text position (the generic one); rows 1-3 are M-RoPE positions.
-        The generic loop then slices the uncached part and appends last + 1 per decoded token, which
-        is right because every generated token is text. Nothing is stored on the module.
-        """
-        text = super()._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
-        input_ids = model_kwargs.get("input_ids")
-        if input_ids is None or input_ids.shape[1] == 0:
-            input_ids = inputs_tensor
-        batch = input_ids.shape[0]
-        text = text.expand(batch, -1)
-        is_ids = input_ids.ndim == 2 and not torch.is_floating_point(input_ids)
-        image_grid_thw, video_grid_thw = model_kwargs.get("image_grid_thw"), model_kwargs.get("video_grid_thw")
-        if is_ids and (image_grid_thw is not None or video_grid_thw is not None):
-            types = model_kwargs.get("mm_token_type_ids")
-            if types is None:
-                types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
-            mrope, _ = self.model.mrope_position_ids(
-                types, image_grid_thw, video_grid_thw, model_kwargs.get("attention_mask")
-            )
-            mrope = mrope.to(text.device)
-        else:
-            cache = model_kwargs.get("cache")
-            deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if cache is not None else None
-            deltas = torch.zeros(batch, 1, dtype=torch.long) if deltas is None else deltas
-            mrope = (text + deltas.to(text.device))[None].expand(3, -1, -1)
-        return torch.cat([text[None], mrope], dim=0)
 
     # ---------------------------------------------------------------------------------- loading
     @classmethod

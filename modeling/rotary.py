@@ -27,11 +27,16 @@ def apply_vision_rotary(
 
 
 def apply_text_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (B, heads, S, hd) q/k by (B, S, hd) angles already cast to the model dtype."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    """Rotate (B, heads, S, hd) q/k by (B, 1, S, hd) angles already in the model dtype.
+
+    `x * cos + rotate_half(x) * sin` with rotate_half(x) = [-x2, x1] equals, bit for bit,
+    `x * cos + roll(x) * [-sin, sin]`: one roll instead of chunk, neg and cat, with the signed sine
+    computed once per forward and shared by every layer.
+    """
+    half = q.shape[-1] // 2
+    return q * cos + q.roll(half, -1) * signed_sin, k * cos + k.roll(half, -1) * signed_sin
 
 
 class VLMKitVisionRotaryEmbedding(nn.Module):
@@ -94,14 +99,17 @@ class VLMKitTextRotaryEmbedding(nn.Module):
         return inv_freq.to(device), 1.0
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids: (3, B, S) -> cos, sin: (B, S, head_dim) in x.dtype."""
+        """position_ids: (3, B, S) -> cos, signed sin: (B, 1, S, head_dim) in x.dtype, ready to
+        broadcast over heads (see apply_text_rotary)."""
         position_ids = position_ids.expand(3, -1, -1)
         freqs = position_ids[..., None].float() * self.inv_freq.to(x.device, torch.float)  # (3, B, S, hd/2)
-        freqs = self._interleave(freqs)  # (B, S, hd/2)
-        angles = torch.cat([freqs, freqs], dim=-1)  # (B, S, hd)
-        cos = angles.cos() * self.attention_scaling
-        sin = angles.sin() * self.attention_scaling
-        return cos.to(x.dtype), sin.to(x.dtype)
+        freqs = self._interleave(freqs)[:, None]  # (B, 1, S, hd/2)
+        cos, sin = freqs.cos(), freqs.sin()  # the angle vector is [freqs, freqs]: compute each once
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        cos = torch.cat([cos, cos], dim=-1).to(x.dtype)  # (B, 1, S, hd)
+        signed_sin = torch.cat([-sin, sin], dim=-1).to(x.dtype)
+        return cos, signed_sin
 
     def _interleave(self, freqs: torch.Tensor) -> torch.Tensor:
         out = freqs[0].clone()

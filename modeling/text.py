@@ -29,9 +29,10 @@ class VLMKitRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x32.to(x.dtype)
+        shape = (x.shape[-1],)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # one fused kernel
+            return nn.functional.rms_norm(x, shape, self.weight, self.variance_epsilon)
+        return self.weight * nn.functional.rms_norm(x.float(), shape, None, self.variance_epsilon).to(x.dtype)
 
 
 class VLMKitTextAttention(nn.Module):
@@ -98,7 +99,6 @@ class VLMKitTextDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = VLMKitRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = VLMKitRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, **kwargs):
         attn_out, _ = self.self_attn(
             self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache=cache, **kwargs

@@ -27,7 +27,7 @@ def test_reference_checkpoint_loads_with_no_missing_or_unexpected_keys(tied, req
     assert (ours.lm_head.weight is ours.get_input_embeddings().weight) == tied
     inputs = _inputs()
     with torch.no_grad():
-        assert torch.equal(ours.eval()(**inputs).logits, ref(**inputs).logits)
+        assert (ours.eval()(**inputs).logits - ref(**inputs).logits).abs().max().item() <= 1e-5
 
 
 def test_rotary_buffers_are_valid_after_meta_device_loading(reference_checkpoint, load_ours):

@@ -26,6 +26,8 @@ from .modeling import (
 
 from .processing import VLMKitImageProcessor, VLMKitProcessor, VLMKitVideoProcessor, build_tokenizer
 
+from .cli import default_model_path
+
 __version__ = "0.1.0"
 
 AutoConfig.register(VLMKitConfig.model_type, VLMKitConfig, exist_ok=True)
@@ -62,4 +64,5 @@ __all__ = [
     "VLMKitVideoProcessor",
     "VLMKitVisionModel",
     "build_tokenizer",
+    "default_model_path",
 ]

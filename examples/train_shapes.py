@@ -1,0 +1,154 @@
+"""Train the small ShapesWorld model that ships with vlmkit, from scratch, on this CPU.
+
+    python examples/train_shapes.py --out vlmkit/default_model            # the full run
+    python examples/train_shapes.py --smoke --out /tmp/shapes-smoke       # 20 steps, a tiny model (CI)
+
+Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers; (2) build a small
+vlmkit model (merger connector, DeepStack on) and its processor; (3) train with Trainer on fresh
+samples drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms), with a
+curriculum that starts on small, plain scenes; (4) save model (bf16 safetensors) + processor, and
+write the learning curve next to them.
+"""
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+
+import torch
+from torch.utils.data import IterableDataset
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+import vlmkit
+from vlmkit.data import CURRICULUM, TASKS, as_messages, make_sample
+from vlmkit.data.shapesworld import TEMPLATES
+from vlmkit.training import VLMKitDataCollator
+
+# Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full).
+CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
+
+
+def tokenizer_corpus(num_samples: int = 4000) -> list[str]:
+    texts = [phrase for phrases in TEMPLATES.values() for phrase in phrases]
+    for i in range(num_samples):
+        sample = make_sample(i, task=TASKS[i % len(TASKS)])
+        texts += [sample["question"], sample["answer"]]
+    texts += [f"<{t / 10:.1f} seconds>" for t in range(0, 100)]
+    return texts
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """(t, h, w) frequency split in Qwen3-VL's proportions (24, 20, 20 of 64)."""
+    half = head_dim // 2
+    spatial = half * 20 // 64
+    return [half - 2 * spatial, spatial, spatial]
+
+
+def model_config(tokenizer, smoke: bool) -> vlmkit.VLMKitConfig:
+    ids = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    vocab = 64 * math.ceil(len(tokenizer) / 64)
+    width, layers = (64, 2) if smoke else (256, 4)
+    return vlmkit.VLMKitConfig(
+        text_config=dict(vocab_size=vocab, hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=width // 4,
+                         max_position_embeddings=2048, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": mrope_section(width // 4)}),
+        vision_config=dict(depth=layers, hidden_size=width // 2, intermediate_size=2 * width, num_heads=4, patch_size=16,
+                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=width,
+                           num_position_embeddings=144, deepstack_visual_indexes=list(range(layers - 1))),
+        image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2], vision_end_token_id=ids[3],
+        tie_word_embeddings=True, connector_type="merger",
+    )
+
+
+class ShapesStream(IterableDataset):
+    """Endless fresh training samples; sample i belongs to step i // batch, which sets its difficulty."""
+
+    def __init__(self, total_samples: int, seed: int, smoke: bool):
+        self.total, self.seed, self.smoke = total_samples, seed, smoke
+
+    def difficulty(self, index: int) -> int:
+        progress, level = index / max(1, self.total), 0
+        for bound in torch.tensor(CURRICULUM_SCHEDULE).cumsum(0).tolist()[:-1]:
+            level += progress >= bound
+        return min(level, len(CURRICULUM) - 1)
+
+    def __iter__(self):
+        index = 0
+        while True:
+            options = {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": self.difficulty(index)}
+            sample = make_sample(self.seed * 10_000_019 + index, task=TASKS[index % len(TASKS)], **options)
+            yield {"messages": as_messages(sample), "fps": sample["fps"]}
+            index += 1
+
+
+class CurveLogger(TrainerCallback):
+    def __init__(self):
+        self.curve, self.start = [], time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.curve.append({"step": state.global_step, "loss": round(logs["loss"], 4),
+                               "minutes": round((time.time() - self.start) / 60, 2)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.batch_size, args.warmup = 20, 4, 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
+    config = model_config(tokenizer, args.smoke)
+    model = vlmkit.VLMKitForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.max_new_tokens = 48
+    image_processor = vlmkit.VLMKitImageProcessor(size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
+    video_processor = vlmkit.VLMKitVideoProcessor(size={"shortest_edge": 2 * 32 * 32, "longest_edge": 8 * 256 * 256})
+    processor = vlmkit.VLMKitProcessor.for_model(config, tokenizer, image_processor=image_processor,
+                                                 video_processor=video_processor)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+
+    curve = CurveLogger()
+    training_args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type="cosine", weight_decay=0.01,
+        logging_steps=max(1, args.steps // 100), save_strategy="no", report_to=[], use_cpu=True,
+        remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
+        # accelerate's batch dispatcher (its default for iterable datasets) slices every tensor to the
+        # batch size, which would cut pixel_values: (patches of all images, C*T*P*P) has no batch dim
+        accelerator_config={"dispatch_batches": False},
+    )
+    model.config.use_cache = False
+    trainer = Trainer(model=model, args=training_args, data_collator=VLMKitDataCollator(processor),
+                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke), callbacks=[curve])
+    start = time.time()
+    trainer.train()
+    minutes = (time.time() - start) / 60
+
+    model.config.use_cache = True
+    model.to(torch.bfloat16).save_pretrained(args.out)
+    processor.save_pretrained(args.out)
+    with open(os.path.join(args.out, "training_log.json"), "w") as handle:
+        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "minutes": round(minutes, 1),
+                   "curve": curve.curve}, handle, indent=1)
+    print(f"trained {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The ShapesWorld training script (20-step smoke version) and the `vlmkit` command on its output."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+@pytest.mark.slow
+def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
+    out = tmp_path / "shapes"
+    train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600, env=ENV)
+    assert train.returncode == 0, train.stderr[-3000:]
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
+    assert {"config.json", "model.safetensors", "processor_config.json", "tokenizer.json"} <= set(os.listdir(out))
+    assert not (out / "trainer").exists()
+
+    evaluation = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "eval", "--num", "14", "--json",
+                                 "--novelty-reference", "300"],
+                                capture_output=True, text=True, timeout=600, env=ENV)
+    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+    report = json.loads(evaluation.stdout)
+    assert report["num_samples"] == 14
+    assert set(report["tasks"]) == {"caption", "count", "colour", "existence", "position", "grounding", "motion"}
+    assert sum(entry["n"] for entry in report["tasks"].values()) == 14
+    for entry in report["tasks"].values():
+        assert entry["n"] >= 1 and 0.0 <= entry["accuracy"] <= 1.0 and 0.0 < entry["majority_rate"] <= 1.0
+    assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
+
+    demo = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "demo"],
+                          capture_output=True, text=True, timeout=600, env=ENV)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert demo.stdout.count("truth:") == 7 and "correct in" in demo.stdout

@@ -1,0 +1,204 @@
+"""The `vlmkit` command: `vlmkit demo | chat | eval` on the bundled ShapesWorld model (or --model PATH).
+
+    vlmkit demo                                  bundled sample images and a video: question, answer, truth
+    vlmkit chat --image PATH [--video PATH] "question"   (no question: an interactive prompt)
+    vlmkit eval [--split test] [--num 700] [--json]      per-task accuracy, blank-image and majority baselines,
+                                                         caption novelty
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+
+DEMO_SEEDS = {"caption": 11, "count": 12, "colour": 13, "existence": 14, "position": 15, "grounding": 16, "motion": 17}
+
+
+def default_model_path() -> str:
+    """Folder of the small ShapesWorld model that ships inside the package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(
+            f"no model at {path}: train it with `python examples/train_shapes.py --out {path}`"
+        )
+    return path
+
+
+def load(model_path: str | None):
+    import torch
+
+    import vlmkit
+
+    path = model_path or default_model_path()
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    model = vlmkit.VLMKitForConditionalGeneration.from_pretrained(path).eval()
+    processor = vlmkit.VLMKitProcessor.from_pretrained(path)
+    return model, processor
+
+
+def answer_samples(model, processor, samples: list[dict], batch_size: int = 16, max_new_tokens: int = 48,
+                   progress: bool = False) -> list[str]:
+    """Greedy answers for ShapesWorld samples (their messages without the answer), batched."""
+    import torch
+
+    from vlmkit.data import as_messages
+
+    answers = []
+    batches = range(0, len(samples), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc="answering", unit="batch")
+    for start in batches:
+        chunk = samples[start:start + batch_size]
+        conversations = [as_messages(s, include_answer=False) for s in chunk]
+        fps = [{"fps": s["fps"]} for s in chunk if s.get("video")]
+        kwargs = {"video_metadata": fps} if fps else {}
+        inputs = processor.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True, return_tensors="pt",
+                                               processor_kwargs={"padding": True, **kwargs})
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        answers += processor.post_process_image_text_to_text(out[:, inputs["input_ids"].shape[1]:])
+    return [a.strip() for a in answers]
+
+
+def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 0, progress: bool = True,
+             novelty_reference: int = 20000) -> dict:
+    """Accuracy per task (grounding: mean IoU and accuracy at IoU >= 0.5), on seen and held-out
+    combinations; the same questions on a blank image; the majority-answer rate; caption novelty."""
+    from vlmkit.data import TASKS, blank_like, caption_of, grade, iou, majority_answers, make_sample, parse_box
+
+    heldout_num = num // 3 if split == "test" else 0
+    samples = [make_sample(seed * 1_000_003 + i, task=TASKS[i % len(TASKS)], split=split)
+               for i in range(num - heldout_num)]
+    samples += [make_sample(seed * 1_000_003 + i, task=TASKS[i % len(TASKS)], split=split, heldout=True)
+                for i in range(heldout_num)]
+    start = time.time()
+    predictions = answer_samples(model, processor, samples, progress=progress)
+    blank_predictions = answer_samples(model, processor, [blank_like(s) for s in samples], progress=progress)
+    majority = majority_answers(samples)
+
+    report = {"split": split, "num_samples": len(samples), "seconds": round(time.time() - start, 1), "tasks": {}}
+    by_task = defaultdict(list)
+    for sample, prediction, blank in zip(samples, predictions, blank_predictions):
+        by_task[sample["task"]].append((sample, prediction, blank))
+    for task in TASKS:
+        rows = by_task.get(task, [])
+        if not rows:
+            continue
+        entry = {"n": len(rows), "majority_answer": majority[task][0], "majority_rate": round(majority[task][1], 4)}
+        for name, subset in (("seen", [r for r in rows if not r[0]["heldout"]]), ("heldout", [r for r in rows if r[0]["heldout"]])):
+            if subset:
+                entry[f"accuracy_{name}"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in subset) / len(subset), 4)
+        entry["accuracy"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in rows) / len(rows), 4)
+        entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)
+        if task == "grounding":
+            ious = [iou(parse_box(p), parse_box(s["answer"])) for s, p, _ in rows]
+            entry["mean_iou"] = round(sum(ious) / len(ious), 4)
+            entry["blank_mean_iou"] = round(
+                sum(iou(parse_box(b), parse_box(s["answer"])) for s, _, b in rows) / len(rows), 4)
+        if task == "caption":
+            training = {caption_of(make_sample(i, task="caption", split="train")["scene"])
+                        for i in range(novelty_reference)}
+            generated = [p for _, p, _ in rows]
+            entry["caption_in_training_set"] = round(sum(p in training for p in generated) / len(generated), 4)
+            entry["caption_novelty"] = round(1 - entry["caption_in_training_set"], 4)
+        report["tasks"][task] = entry
+    return report
+
+
+def format_report(report: dict) -> str:
+    lines = [f"ShapesWorld {report['split']} split, {report['num_samples']} questions ({report['seconds']} s)",
+             "| task | accuracy | seen | held-out | blank image | majority rate | notes |", "|---|---|---|---|---|---|---|"]
+    for task, e in report["tasks"].items():
+        notes = []
+        if "mean_iou" in e:
+            notes.append(f"mean IoU {e['mean_iou']:.3f} (blank {e['blank_mean_iou']:.3f})")
+        if "caption_novelty" in e:
+            notes.append(f"{e['caption_in_training_set']:.0%} of captions occur in training")
+        cell = lambda k: f"{e[k]:.1%}" if k in e else "-"  # noqa: E731
+        lines.append(f"| {task} | {cell('accuracy')} | {cell('accuracy_seen')} | {cell('accuracy_heldout')} | "
+                     f"{cell('blank_accuracy')} | {e['majority_rate']:.1%} | {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+def demo(model_path: str | None) -> None:
+    from vlmkit.data import grade, make_sample
+
+    start = time.time()
+    model, processor = load(model_path)
+    samples = [make_sample(seed, task=task, split="test") for task, seed in DEMO_SEEDS.items()]
+    answers = answer_samples(model, processor, samples, batch_size=len(samples))
+    for sample, answer in zip(samples, answers):
+        media = f"video, {len(sample['video'])} frames" if sample.get("video") else "image {}x{}".format(*sample["image_size"])
+        mark = "ok " if grade(sample["task"], answer, sample["answer"]) else "MISS"
+        print(f"[{mark}] {sample['task']:<9} ({media}) Q: {sample['question']}\n"
+              f"       model: {answer}\n       truth: {sample['answer']}")
+    print(f"{sum(grade(s['task'], a, s['answer']) for s, a in zip(samples, answers))}/{len(samples)} correct "
+          f"in {time.time() - start:.1f} s")
+
+
+def chat(model_path: str | None, image: str | None, video: str | None, question: str | None, fps: float) -> None:
+    model, processor = load(model_path)
+
+    def ask(text: str) -> str:
+        content = []
+        if video:
+            content.append({"type": "video", "video": video})
+        elif image:
+            content.append({"type": "image", "image": image})
+        content.append({"type": "text", "text": text})
+        inputs = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True, return_tensors="pt",
+                                               processor_kwargs={"video_metadata": {"fps": fps}} if video else None)
+        out = model.generate(**inputs, max_new_tokens=64, do_sample=False)
+        return processor.post_process_image_text_to_text(out[:, inputs["input_ids"].shape[1]:])[0].strip()
+
+    if question:
+        print(ask(question))
+        return
+    print("Ask about the image (empty line or Ctrl-D to quit).")
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        print(ask(line.strip()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="vlmkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model folder (default: the bundled ShapesWorld model)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="answer questions about bundled sample images and a video")
+    chat_parser = commands.add_parser("chat", help="ask about an image or a video")
+    chat_parser.add_argument("--image")
+    chat_parser.add_argument("--video")
+    chat_parser.add_argument("--fps", type=float, default=2.0, help="frame rate of --video given as frames")
+    chat_parser.add_argument("question", nargs="?")
+    eval_parser = commands.add_parser("eval", help="per-task accuracy with baselines")
+    eval_parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    eval_parser.add_argument("--num", type=int, default=700)
+    eval_parser.add_argument("--seed", type=int, default=0)
+    eval_parser.add_argument("--json", action="store_true")
+    eval_parser.add_argument("--novelty-reference", type=int, default=20000,
+                             help="training captions to compare generated captions with")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "demo":
+        demo(args.model)
+    elif args.command == "chat":
+        if not (args.image or args.video):
+            parser.error("chat needs --image or --video")
+        chat(args.model, args.image, args.video, args.question, args.fps)
+    else:
+        model, processor = load(args.model)
+        report = evaluate(model, processor, args.split, args.num, args.seed, progress=not args.json,
+                          novelty_reference=args.novelty_reference)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,11 @@ Data flow of `VLMKitModel.forward` (B batch, S sequence, H text hidden, N visual
   2. vision tower + connector per modality                      -> (N, H) + one (N, H) per DeepStack level
   3. scatter the visual tokens into the placeholder positions (counts checked)
   4. 3D positions per row from the attention mask              -> (4, B, S): text row + (t, h, w)
+     (packed rows: per segment, from a text row restarting at 0 per sample; see packing.py)
   5. text decoder, DeepStack features added after its first layers
+
+In training, a batch without pixels still runs the vision tower on a tiny blank image, times 0, when
+any visual parameter trains, so DDP sees every parameter used on every rank.
 """
 
 import re
@@ -20,7 +24,9 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from ..configuration import VLMKitConfig, VLMKitConnectorConfig, VLMKitVisionConfig, llm_grid_thw, mrope_layout
+from .attention import is_flash_attention
 from .generation import ROPE_DELTAS_ATTR, VLMKitGenerationMixin
+from .packing import flash_varlen_kwargs, is_packed, packed_position_ids
 from .positions import multimodal_position_ids, text_positions, token_types_from_ids
 from .pretrained import VLMKitPreTrainedModel
 from .text import VLMKitTextModel
@@ -216,6 +222,67 @@ class VLMKitModel(VLMKitPreTrainedModel):
             mrope = (text + deltas)[None].expand(3, -1, -1)
         return torch.cat([text[None], mrope], dim=0)
 
+    def _packed_inputs(self, attention_mask, position_ids, input_ids, mm_token_type_ids, image_grid_thw,
+                       video_grid_thw, cache, past: int, kwargs: dict):
+        """Packed rows (several samples per row, no padding): position ids whose text row restarts at 0
+        where each sample begins (modeling/packing.py). Returns (attention_mask, position_ids).
+
+        A (B, S) text row without padding gets its M-RoPE rows computed per segment; packed rows drop an
+        all-ones mask and run without a cache, so the mask builder confines attention to each segment
+        (flash kernels get the segments' cu_seq_lens). Padded inputs and cached continuations pass through.
+        """
+        if position_ids is None or past > 0 or position_ids.ndim not in (2, 3):
+            return attention_mask, position_ids
+        if attention_mask is not None and not (attention_mask.ndim == 2 and bool(attention_mask.all())):
+            return attention_mask, position_ids
+        text_row = position_ids if position_ids.ndim == 2 else position_ids[0] if position_ids.shape[0] == 4 else None
+        if text_row is not None and is_packed(text_row):
+            if cache is not None or kwargs.get("use_cache"):
+                raise ValueError(
+                    "packed inputs (position ids restarting at 0 per sample) cannot be cached: pass use_cache=False "
+                    "and no cache, or one sample per row with an attention mask"
+                )
+            attention_mask = None
+            kwargs["use_cache"] = False
+            if is_flash_attention(self.language_model.config) and "cu_seq_lens_q" not in kwargs:
+                kwargs.update(flash_varlen_kwargs(text_row))
+        if position_ids.ndim == 2 and (image_grid_thw is not None or video_grid_thw is not None):
+            types = mm_token_type_ids
+            if types is None and input_ids is not None:
+                types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
+            if types is not None:
+                position_ids = packed_position_ids(
+                    position_ids,
+                    types,
+                    self.llm_grids(image_grid_thw) if image_grid_thw is not None else None,
+                    self.llm_grids(video_grid_thw) if video_grid_thw is not None else None,
+                    layout=mrope_layout(self.config),
+                )
+        return attention_mask, position_ids
+
+    # ------------------------------------------------------------------------------- training
+    def _visual_trains(self) -> bool:
+        return any(p.requires_grad for p in self.visual.parameters())
+
+    def _unused_visual_term(self, like: torch.Tensor) -> torch.Tensor:
+        """0 * (the outputs of the vision tower, connector and DeepStack mergers on one tiny blank image).
+
+        A training batch without pixels would leave a trainable vision tower or connector out of the
+        graph; DDP then fails ("Expected to have finished reduction") or waits for gradients one rank
+        never produces. Adding this zero keeps every visual parameter in every rank's graph with a
+        zero gradient, and leaves the loss and the other gradients unchanged.
+        """
+        vision = self.config.vision_config
+        merge = vision.spatial_merge_size
+        width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        grid = torch.tensor([[1, merge, merge]])
+        pixels = torch.zeros(merge * merge, width, device=self.visual.device, dtype=self.visual.dtype)  # (m*m, C*T*P*P)
+        out = self.visual(pixels, grid)
+        total = out.pooler_output.sum()
+        for level in out.deepstack_features or []:
+            total = total + level.sum()
+        return (total * 0).to(like.device, like.dtype)
+
     # ---------------------------------------------------------------------------------- forward
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -252,6 +319,8 @@ class VLMKitModel(VLMKitPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         masks = {}
         for name, token_id in (("image", self.config.image_token_id), ("video", self.config.video_token_id)):
+            if encoded.get(name) is None and past > 0:
+                continue  # a decode step: no media to place, nothing to check
             mask = self.placeholder_mask(input_ids, inputs_embeds, token_id, mm_token_type_ids)
             if encoded.get(name) is not None:
                 inputs_embeds = self._scatter_visual(inputs_embeds, mask, encoded[name], name)
@@ -265,14 +334,23 @@ class VLMKitModel(VLMKitPreTrainedModel):
         visual_pos_masks, deepstack_embeds = self._joint_deepstack(
             masks.get("image"), masks.get("video"), encoded.get("image"), encoded.get("video")
         )
+        if self.training and all(v is None for v in encoded.values()) and self._visual_trains():
+            inputs_embeds = inputs_embeds + self._unused_visual_term(inputs_embeds)
+
+        attention_mask, position_ids = self._packed_inputs(
+            attention_mask, position_ids, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, cache, past,
+            kwargs,
+        )
+        if self.training and cache is None and kwargs.get("use_cache") is None:
+            kwargs["use_cache"] = False  # a training forward has no use for a DynamicCache
 
         if position_ids is None:
             position_ids = self.compute_position_ids(
                 input_ids, inputs_embeds, attention_mask, mm_token_type_ids, image_grid_thw, video_grid_thw, cache
             )
-        if cache is not None and position_ids.ndim == 3 and position_ids.shape[0] == 4:
+        if cache is not None and position_ids.ndim == 3 and position_ids.shape[0] == 4 and (past == 0 or encoded):
             # The last token is text (all rows equal), so its M-RoPE minus text position is the delta a
-            # later continuation of this cache starts from.
+            # later continuation of this cache starts from. Decode steps leave it unchanged.
             setattr(cache, ROPE_DELTAS_ATTR, (position_ids[1, :, -1:] - position_ids[0, :, -1:]).detach())
 
         outputs = self.language_model(

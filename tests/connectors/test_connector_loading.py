@@ -52,7 +52,7 @@ def test_the_merger_configuration_keeps_the_reference_logits(reference_checkpoin
     ours, _ = _load(path, "merger")
     inputs = batch_inputs([sample(2).text(3).image(4, 6).text(2).video(2, 4, 4).text(3)])
     with torch.no_grad():
-        assert torch.equal(ours.eval()(**inputs).logits, ref(**inputs).logits)
+        assert (ours.eval()(**inputs).logits - ref(**inputs).logits).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("connector_type", QUERY_CONNECTORS)

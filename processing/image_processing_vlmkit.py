@@ -184,6 +184,20 @@ def normaliser(rescale_factor: float, mean, std, do_rescale: bool, do_normalize:
     return apply
 
 
+def pop_settings(defaults: dict, kwargs: dict) -> dict:
+    """Take a processor's settings out of its constructor kwargs, with defaults; `min_pixels` and
+    `max_pixels` are aliases of `size["shortest_edge"]` / `size["longest_edge"]`."""
+    settings = {key: kwargs.pop(key, default) for key, default in defaults.items()}
+    settings["size"] = dict(settings["size"])
+    if (min_pixels := kwargs.pop("min_pixels", None)) is not None:
+        settings["size"]["shortest_edge"] = min_pixels
+    if (max_pixels := kwargs.pop("max_pixels", None)) is not None:
+        settings["size"]["longest_edge"] = max_pixels
+    settings["resample"] = int(settings["resample"])
+    settings["image_mean"], settings["image_std"] = list(settings["image_mean"]), list(settings["image_std"])
+    return settings
+
+
 class VLMKitImageProcessor(BaseImageProcessor):
     r"""Qwen3-VL image preprocessing in PIL + numpy.
 
@@ -202,14 +216,7 @@ class VLMKitImageProcessor(BaseImageProcessor):
 
     def __init__(self, **kwargs):
         kwargs.pop("image_processor_type", None)
-        settings = {key: kwargs.pop(key, default) for key, default in self.defaults.items()}
-        settings["size"] = dict(settings["size"])
-        if (min_pixels := kwargs.pop("min_pixels", None)) is not None:
-            settings["size"]["shortest_edge"] = min_pixels
-        if (max_pixels := kwargs.pop("max_pixels", None)) is not None:
-            settings["size"]["longest_edge"] = max_pixels
-        settings["resample"] = int(settings["resample"])
-        settings["image_mean"], settings["image_std"] = list(settings["image_mean"]), list(settings["image_std"])
+        settings = pop_settings(self.defaults, kwargs)
         super().__init__(**kwargs)
         for key, value in settings.items():
             setattr(self, key, value)

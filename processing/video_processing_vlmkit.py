@@ -25,7 +25,7 @@ from transformers.utils import logging
 from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import VideoMetadata
 
-from .image_processing_vlmkit import HALF, load_image, map_images, normaliser, patchify, to_rgb
+from .image_processing_vlmkit import HALF, load_image, map_images, normaliser, patchify, pop_settings, to_rgb
 
 logger = logging.get_logger(__name__)
 
@@ -136,14 +136,7 @@ class VLMKitVideoProcessor(VideoProcessorMixin):
 
     def __init__(self, **kwargs):
         kwargs.pop("video_processor_type", None)
-        settings = {key: kwargs.pop(key, default) for key, default in self.defaults.items()}
-        settings["size"] = dict(settings["size"])
-        if (min_pixels := kwargs.pop("min_pixels", None)) is not None:
-            settings["size"]["shortest_edge"] = min_pixels
-        if (max_pixels := kwargs.pop("max_pixels", None)) is not None:
-            settings["size"]["longest_edge"] = max_pixels
-        settings["resample"] = int(settings["resample"])
-        settings["image_mean"], settings["image_std"] = list(settings["image_mean"]), list(settings["image_std"])
+        settings = pop_settings(self.defaults, kwargs)
         # VideoProcessorMixin.__init__ validates torchvision-era kwargs; set plain attributes instead.
         for key, value in {**kwargs, **settings}.items():
             setattr(self, key, value)

@@ -67,8 +67,8 @@ def model_config(tokenizer, smoke: bool) -> vlmkit.VLMKitConfig:
 class ShapesStream(IterableDataset):
     """Endless fresh training samples; sample i belongs to step i // batch, which sets its difficulty."""
 
-    def __init__(self, total_samples: int, seed: int, smoke: bool):
-        self.total, self.seed, self.smoke = total_samples, seed, smoke
+    def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS):
+        self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -80,7 +80,7 @@ class ShapesStream(IterableDataset):
         index = 0
         while True:
             options = {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": self.difficulty(index)}
-            sample = make_sample(self.seed * 10_000_019 + index, task=TASKS[index % len(TASKS)], **options)
+            sample = make_sample(self.seed * 10_000_019 + index, task=self.tasks[index % len(self.tasks)], **options)
             yield {"messages": as_messages(sample), "fps": sample["fps"]}
             index += 1
 
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
@@ -136,7 +137,8 @@ def main() -> None:
     )
     model.config.use_cache = False
     trainer = Trainer(model=model, args=training_args, data_collator=VLMKitDataCollator(processor),
-                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke), callbacks=[curve])
+                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke,
+                                                 tuple(args.tasks.split(","))), callbacks=[curve])
     start = time.time()
     trainer.train()
     minutes = (time.time() - start) / 60
@@ -145,7 +147,8 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(args.out)
     processor.save_pretrained(args.out)
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
-        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "minutes": round(minutes, 1),
+        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "tasks": args.tasks,
+                   "minutes": round(minutes, 1),
                    "curve": curve.curve}, handle, indent=1)
     print(f"trained {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 

@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
+    parser.add_argument("--vision-lr-scale", type=float, default=1.0,
+                        help="learning rate of the vision tower and connector, as a multiple of --lr")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
@@ -136,7 +138,12 @@ def main() -> None:
         accelerator_config={"dispatch_batches": False},
     )
     model.config.use_cache = False
+    visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
+    others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    optimizer = torch.optim.AdamW([{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}],
+                                  lr=args.lr, weight_decay=0.01)
     trainer = Trainer(model=model, args=training_args, data_collator=VLMKitDataCollator(processor),
+                      optimizers=(optimizer, None),
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke,
                                                  tuple(args.tasks.split(","))), callbacks=[curve])
     start = time.time()

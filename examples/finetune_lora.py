@@ -194,6 +194,10 @@ def main() -> None:
         print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {result.global_step} steps; adapter in {args.output_dir}")
     rank = int(os.environ.get("RANK", "0"))
     print(f"rank {rank}: trainable weights sha256 {weights_checksum(model)}", flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # leave together: a rank that exits while another is still saving can abort gloo's teardown
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -184,15 +184,21 @@ def normaliser(rescale_factor: float, mean, std, do_rescale: bool, do_normalize:
     return apply
 
 
+def with_pixel_budget(size: dict, min_pixels: int | None, max_pixels: int | None) -> dict:
+    """A copy of a `size` dict with `min_pixels` / `max_pixels` (aliases of its shortest / longest edge) applied."""
+    size = dict(size)
+    if min_pixels is not None:
+        size["shortest_edge"] = min_pixels
+    if max_pixels is not None:
+        size["longest_edge"] = max_pixels
+    return size
+
+
 def pop_settings(defaults: dict, kwargs: dict) -> dict:
     """Take a processor's settings out of its constructor kwargs, with defaults; `min_pixels` and
     `max_pixels` are aliases of `size["shortest_edge"]` / `size["longest_edge"]`."""
     settings = {key: kwargs.pop(key, default) for key, default in defaults.items()}
-    settings["size"] = dict(settings["size"])
-    if (min_pixels := kwargs.pop("min_pixels", None)) is not None:
-        settings["size"]["shortest_edge"] = min_pixels
-    if (max_pixels := kwargs.pop("max_pixels", None)) is not None:
-        settings["size"]["longest_edge"] = max_pixels
+    settings["size"] = with_pixel_budget(settings["size"], kwargs.pop("min_pixels", None), kwargs.pop("max_pixels", None))
     settings["resample"] = int(settings["resample"])
     settings["image_mean"], settings["image_std"] = list(settings["image_mean"]), list(settings["image_std"])
     return settings
@@ -234,11 +240,7 @@ class VLMKitImageProcessor(BaseImageProcessor):
         if unknown:
             raise TypeError(f"unknown image processor argument(s): {sorted(unknown)}")
         settings = {key: overrides.get(key, getattr(self, key)) for key in self.defaults}
-        settings["size"] = dict(settings["size"])
-        if overrides.get("min_pixels") is not None:
-            settings["size"]["shortest_edge"] = overrides["min_pixels"]
-        if overrides.get("max_pixels") is not None:
-            settings["size"]["longest_edge"] = overrides["max_pixels"]
+        settings["size"] = with_pixel_budget(settings["size"], overrides.get("min_pixels"), overrides.get("max_pixels"))
         return settings
 
     def target_size(self, height: int, width: int, settings: dict | None = None) -> tuple[int, int]:

@@ -25,7 +25,9 @@ from transformers.utils import logging
 from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import VideoMetadata
 
-from .image_processing_vlmkit import HALF, load_image, map_images, normaliser, patchify, pop_settings, to_rgb
+from .image_processing_vlmkit import (
+    HALF, load_image, map_images, normaliser, patchify, pop_settings, to_rgb, with_pixel_budget,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -155,11 +157,7 @@ class VLMKitVideoProcessor(VideoProcessorMixin):
             settings["num_frames"], settings["fps"] = overrides.get("num_frames"), overrides.get("fps")
         elif settings["num_frames"] is not None:  # a configured frame count takes precedence over fps
             settings["fps"] = None
-        settings["size"] = dict(settings["size"])
-        if overrides.get("min_pixels") is not None:
-            settings["size"]["shortest_edge"] = overrides["min_pixels"]
-        if overrides.get("max_pixels") is not None:
-            settings["size"]["longest_edge"] = overrides["max_pixels"]
+        settings["size"] = with_pixel_budget(settings["size"], overrides.get("min_pixels"), overrides.get("max_pixels"))
         return settings
 
     def sample_indices(self, meta: VideoMetadata, settings: dict) -> np.ndarray:

@@ -126,14 +126,18 @@ class VLMKitProcessor(ProcessorMixin):
             data.update(pixel_values_videos=out["pixel_values_videos"], video_grid_thw=out["video_grid_thw"])
             video_grids, video_metas = out["video_grid_thw"].tolist(), out["video_metadata"]
 
-        expanded, replacements = self._expand(texts, image_grids, video_grids, video_metas)
-        expected = self._expected_counts(image_counts, video_counts, image_grids, video_grids)
-        self._check_tokens(expanded, expected, text_kwargs)
-
+        expanded, replacements, expected = self._expand(texts, image_grids, video_grids, video_metas)
         padding_side = text_kwargs.pop("padding_side", "left")
         text_kwargs.setdefault("padding", True)
         encoded = self.tokenizer(expanded, padding_side=padding_side, return_token_type_ids=False, **text_kwargs)
         ids = encoded["input_ids"]
+        max_length = text_kwargs.get("max_length")
+        if text_kwargs.get("truncation") not in (None, False, "do_not_truncate") and max_length is not None:
+            # what truncation removed is only visible in the untruncated ids
+            untruncated = self.tokenizer(expanded, add_special_tokens=text_kwargs.get("add_special_tokens", True))
+            self._check_tokens(untruncated["input_ids"], expected, max_length)
+        else:
+            self._check_tokens(ids, expected, None)
         data["input_ids"] = ids
         data["attention_mask"] = encoded["attention_mask"]
         data["mm_token_type_ids"] = [
@@ -209,17 +213,23 @@ class VLMKitProcessor(ProcessorMixin):
         return "".join(f"<{stamps[t]:.1f} seconds>" + block for t in range(grid[0]))
 
     def _expand(self, texts, image_grids, video_grids, video_metas):
-        """Replace placeholders in order; also return each replacement's character spans."""
+        """Replace placeholders in order. Returns the texts, each replacement's character spans, and
+        per sample the (image, video) token counts the expansion wrote."""
         images, videos = iter(image_grids), iter(zip(video_grids, video_metas))
         pattern = re.compile(f"{re.escape(self.image_token)}|{re.escape(self.video_token)}")
-        expanded, replacements = [], []
+        expanded, replacements, counts = [], [], []
         for text in texts:
             pieces, spans, cursor, shift = [], [], 0, 0
+            n_image = n_video = 0
             for match in pattern.finditer(text):
                 if match.group() == self.image_token:
-                    new = self.image_token * num_visual_tokens(next(images), self.geometry)
+                    tokens = num_visual_tokens(next(images), self.geometry)
+                    new = self.image_token * tokens
+                    n_image += tokens
                 else:
-                    new = self._video_block(*next(videos))
+                    grid, meta = next(videos)
+                    new = self._video_block(grid, meta)
+                    n_video += num_visual_tokens(grid, self.geometry)
                 pieces += [text[cursor:match.start()], new]
                 start = match.start() + shift
                 spans.append({"span": (match.start(), match.end()), "new_span": (start, start + len(new))})
@@ -228,30 +238,21 @@ class VLMKitProcessor(ProcessorMixin):
             pieces.append(text[cursor:])
             expanded.append("".join(pieces))
             replacements.append(spans)
-        return expanded, replacements
+            counts.append((n_image, n_video))
+        return expanded, replacements, counts
 
-    def _expected_counts(self, image_counts, video_counts, image_grids, video_grids) -> list[tuple[int, int]]:
-        images, videos = iter(image_grids), iter(video_grids)
-        return [
-            (sum(num_visual_tokens(next(images), self.geometry) for _ in range(n_img)),
-             sum(num_visual_tokens(next(videos), self.geometry) for _ in range(n_vid)))
-            for n_img, n_vid in zip(image_counts, video_counts)
-        ]
-
-    def _check_tokens(self, expanded: list[str], expected: list[tuple[int, int]], text_kwargs: dict) -> None:
-        """Placeholders must tokenize one-to-one, and truncation must not cut a vision span."""
-        full = self.tokenizer(expanded, add_special_tokens=text_kwargs.get("add_special_tokens", True))["input_ids"]
+    def _check_tokens(self, token_ids: list[list[int]], expected: list[tuple[int, int]], max_length: int | None) -> None:
+        """Placeholders must tokenize one-to-one, and truncation to `max_length` (None: no truncation;
+        then `token_ids` may be padded) must not cut a vision span."""
         vision_ids = {self.image_token_id, self.video_token_id, self.vision_start_token_id, self.vision_end_token_id}
-        max_length = text_kwargs.get("max_length")
-        truncating = text_kwargs.get("truncation") not in (None, False, "do_not_truncate") and max_length is not None
-        for index, (ids, (n_img, n_vid)) in enumerate(zip(full, expected)):
+        for index, (ids, (n_img, n_vid)) in enumerate(zip(token_ids, expected)):
             got = (ids.count(self.image_token_id), ids.count(self.video_token_id))
             if got != (n_img, n_vid):
                 raise ValueError(
                     f"sample {index}: expected {n_img} image and {n_vid} video tokens after expansion but the "
                     f"tokenizer produced {got[0]} and {got[1]}; the vision tokens must be single special tokens"
                 )
-            if truncating and len(ids) > max_length:
+            if max_length is not None and len(ids) > max_length:
                 keep_left = self.tokenizer.truncation_side == "left"
                 dropped = ids[:len(ids) - max_length] if keep_left else ids[max_length:]
                 if any(t in vision_ids for t in dropped):

@@ -20,15 +20,25 @@ from .positions import multimodal_position_ids, token_types_from_ids
 # cached token, so that a continuation given only new media (or no positions) can place its tokens.
 ROPE_DELTAS_ATTR = "vlmkit_rope_deltas"
 
-MEDIA = (  # modality, pixel kwarg, grid kwarg, token id attribute, mm_token_type value
-    ("image", "pixel_values", "image_grid_thw", "image_token_id", 1),
-    ("video", "pixel_values_videos", "video_grid_thw", "video_token_id", 2),
+MEDIA = (  # modality, pixel kwarg, grid kwarg, mm_token_type value
+    ("image", "pixel_values", "image_grid_thw", 1),
+    ("video", "pixel_values_videos", "video_grid_thw", 2),
 )
 
 
 def cached_length(model_kwargs: dict) -> int:
     cache = model_kwargs.get("cache")
     return cache.get_seq_length() if cache is not None else 0
+
+
+def shift_by_cached_deltas(text: torch.Tensor, cache) -> torch.Tensor:
+    """(B, S) text positions plus the rope delta stored on `cache` (none stored or no cache: 0): the
+    M-RoPE position of text tokens that follow the cached prefix."""
+    deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if cache is not None else None
+    if deltas is None:
+        return text
+    deltas = deltas.to(text.device)
+    return text + deltas.repeat_interleave(text.shape[0] // deltas.shape[0], dim=0)
 
 
 class VLMKitGenerationMixin(GenerationMixin):
@@ -94,13 +104,14 @@ class VLMKitGenerationMixin(GenerationMixin):
                 "left padding: VLMKitProcessor pads on the left by default, or pass padding_side='left'"
             )
         types = self._token_types(model_kwargs, input_ids if is_ids else None)
-        grids = {name: model_kwargs.get(grid) for name, _, grid, _, _ in MEDIA}
+        grids = {name: model_kwargs.get(grid) for name, _, grid, _ in MEDIA}
         past = cached_length(model_kwargs)
+        shifted = shift_by_cached_deltas(text, model_kwargs.get("cache"))
         if types is None or all(g is None for g in grids.values()):
-            return torch.cat([text[None], self._shifted_text(text, model_kwargs)[None].expand(3, -1, -1)])
+            return torch.cat([text[None], shifted[None].expand(3, -1, -1)])
 
         covers_all = True
-        for name, _, grid_key, token_attr, kind in MEDIA:
+        for name, _, _, kind in MEDIA:
             if grids[name] is not None and past > 0:
                 _, full = self._media_split(types, grids[name], kind, past, name)
                 covers_all &= full
@@ -111,22 +122,12 @@ class VLMKitGenerationMixin(GenerationMixin):
         new_mask = mask[:, past:] if mask is not None else None
         mrope, _ = self.model.mrope_position_ids(types[:, past:], grids["image"], grids["video"], new_mask)
         # the segment's positions start at 0; shift them to the M-RoPE position of the first new token
-        start = self._shifted_text(text, model_kwargs)[:, past:past + 1]  # (B, 1)
+        start = shifted[:, past:past + 1]  # (B, 1)
         mrope = mrope.to(text.device) + start[None]
         if new_mask is not None:
             mrope = mrope.masked_fill(new_mask[None] == 0, 0)
-        prefix = self._shifted_text(text, model_kwargs)[:, :past][None].expand(3, -1, -1)
+        prefix = shifted[:, :past][None].expand(3, -1, -1)
         return torch.cat([text[None], torch.cat([prefix, mrope], dim=-1)])
-
-    @staticmethod
-    def _shifted_text(text: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
-        """Text positions plus the rope delta stored on the cache (0 without one): M-RoPE rows of text."""
-        cache = model_kwargs.get("cache")
-        deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if cache is not None else None
-        if deltas is None:
-            return text
-        deltas = deltas.to(text.device)
-        return text + deltas.repeat_interleave(text.shape[0] // deltas.shape[0], dim=0)
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, generation_config):
         """When continuing a cache, drop the media whose placeholders are already cached before the
@@ -135,7 +136,7 @@ class VLMKitGenerationMixin(GenerationMixin):
         if past > 0:
             input_ids = inputs_tensor if model_input_name == "input_ids" else model_kwargs.get("input_ids")
             types = self._token_types(model_kwargs, input_ids)
-            for name, pixel_key, grid_key, _, kind in MEDIA:
+            for name, pixel_key, grid_key, kind in MEDIA:
                 pixels, grids = model_kwargs.get(pixel_key), model_kwargs.get(grid_key)
                 if pixels is None or grids is None or types is None:
                     continue

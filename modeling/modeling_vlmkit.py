@@ -25,7 +25,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from ..configuration import VLMKitConfig, VLMKitConnectorConfig, VLMKitVisionConfig, llm_grid_thw, mrope_layout
 from .attention import is_flash_attention
-from .generation import ROPE_DELTAS_ATTR, VLMKitGenerationMixin
+from .generation import ROPE_DELTAS_ATTR, VLMKitGenerationMixin, shift_by_cached_deltas
 from .packing import flash_varlen_kwargs, is_packed, packed_position_ids
 from .positions import multimodal_position_ids, text_positions, token_types_from_ids
 from .pretrained import VLMKitPreTrainedModel
@@ -207,7 +207,7 @@ class VLMKitModel(VLMKitPreTrainedModel):
             types = mm_token_type_ids
             if types is None:
                 types = token_types_from_ids(input_ids, self.config.image_token_id, self.config.video_token_id)
-            mrope, deltas = self.mrope_position_ids(
+            mrope, _ = self.mrope_position_ids(
                 types,
                 image_grid_thw,
                 video_grid_thw,
@@ -215,11 +215,7 @@ class VLMKitModel(VLMKitPreTrainedModel):
             )
             mrope = mrope.to(device)
         else:
-            deltas = getattr(cache, ROPE_DELTAS_ATTR, None) if past > 0 else None
-            if deltas is None:
-                deltas = torch.zeros(batch, 1, dtype=torch.long)
-            deltas = deltas.to(device).repeat_interleave(batch // deltas.shape[0], dim=0)
-            mrope = (text + deltas)[None].expand(3, -1, -1)
+            mrope = shift_by_cached_deltas(text, cache if past > 0 else None)[None].expand(3, -1, -1)
         return torch.cat([text[None], mrope], dim=0)
 
     def _packed_inputs(self, attention_mask, position_ids, input_ids, mm_token_type_ids, image_grid_thw,

@@ -370,12 +370,15 @@ class VLMKitForConditionalGeneration(VLMKitPreTrainedModel, VLMKitGenerationMixi
     _tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}
     # Trainer passes num_items_in_batch, so the loss is token-weighted under gradient accumulation.
     accepts_loss_kwargs = True
+    _column_major_linears = ("lm_head", "model.language_model.layers.*.mlp.gate_proj",
+                             "model.language_model.layers.*.mlp.up_proj")
 
     def __init__(self, config: VLMKitConfig):
         super().__init__(config)
         self.model = VLMKitModel(config)
         self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
         self.post_init()
+        self.use_decode_layout()
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()

@@ -57,6 +57,26 @@ def test_vlmkit_save_and_reload_is_bit_identical(reference_checkpoint, load_ours
         assert torch.equal(ours(**inputs).logits, again.eval()(**inputs).logits)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_decode_layout_is_column_major_and_saves_contiguous(tied, request, tmp_path):
+    """lm_head (untied) and the MLP gate/up weights are stored column-major after loading, the
+    values are the checkpoint's, and saving writes ordinary contiguous tensors."""
+    path, ref = request.getfixturevalue("reference_checkpoint_tied" if tied else "reference_checkpoint")
+    ours = vlmkit.VLMKitForConditionalGeneration.from_pretrained(path)
+    mlp = ours.model.language_model.layers[0].mlp
+    for weight in (mlp.gate_proj.weight, mlp.up_proj.weight):
+        assert weight.stride() == (1, weight.shape[0])
+    assert mlp.down_proj.weight.is_contiguous()
+    lm_head = ours.lm_head.weight
+    # a tied lm_head is the embedding table, which is read row by row: it stays row-major
+    assert lm_head.is_contiguous() == tied and (tied or lm_head.stride() == (1, lm_head.shape[0]))
+    assert torch.equal(lm_head, ref.lm_head.weight)
+    ours.save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert all(t.is_contiguous() for t in saved.values())
+    assert torch.equal(saved["model.language_model.layers.0.mlp.up_proj.weight"], mlp.up_proj.weight)
+
+
 def test_auto_classes_resolve_to_vlmkit(reference_checkpoint, load_ours, tmp_path):
     load_ours(reference_checkpoint[0]).save_pretrained(tmp_path)
     assert type(AutoConfig.from_pretrained(tmp_path)) is vlmkit.VLMKitConfig

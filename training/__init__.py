@@ -7,12 +7,14 @@
   "vision", "connector" or "all", never matching the other tower, a Conv3d, an Embedding or a norm.
 - `set_trainable(model, components)` and `StagedTrainingCallback`: per-component freezing, and
   stages that switch the trained components during one run.
+- `per_sample_loss`: a `compute_loss_func` that weights samples, not tokens, equally.
 """
 
 from .collator import IGNORE_INDEX, VLMKitDataCollator
 from .components import COMPONENTS, component_of, component_prefixes, connector_module_names
 from .freezing import StagedTrainingCallback, parameter_components, set_trainable, trainable_names
 from .lora import LORA_SCOPES, lora_target_modules, lora_target_names
+from .losses import per_sample_loss
 
 __all__ = [
     "COMPONENTS",
@@ -26,6 +28,7 @@ __all__ = [
     "lora_target_modules",
     "lora_target_names",
     "parameter_components",
+    "per_sample_loss",
     "set_trainable",
     "trainable_names",
 ]

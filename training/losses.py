@@ -1,0 +1,34 @@
+"""Loss weighting for `Trainer(compute_loss_func=...)`.
+
+The model's own loss averages over every labelled token of the batch, so a sample counts in
+proportion to its answer length: one 30-token caption outweighs ten one-word answers. When short,
+exactly gradable answers ("3", "blue", "yes") carry the signal that teaches the model to look at
+the image, `per_sample_loss` gives every sample the same weight instead: the mean over each sample's
+labelled tokens, then the mean over the samples that have any.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .collator import IGNORE_INDEX
+
+
+def per_sample_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """Cross-entropy averaged per sample, then over samples; for `Trainer(compute_loss_func=...)`.
+
+    `labels` (B, S) are the unshifted labels the collator makes (-100 where nothing is learned);
+    position s of the logits predicts labels[:, s + 1]. `num_items_in_batch` (the token count
+    Trainer passes for gradient accumulation) is ignored: with samples weighted equally, every
+    micro-batch's mean is already on the same scale.
+    """
+    logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+    if logits.shape[:2] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape[:2])} and labels {tuple(labels.shape)} must share (batch, seq)")
+    targets = labels[:, 1:]  # (B, S-1): the token each position predicts
+    token_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(),
+                                 ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+    counts = (targets != IGNORE_INDEX).sum(dim=1)
+    learned = counts > 0
+    if not learned.any():
+        return token_loss.sum() * 0.0  # keeps the graph (and DDP) intact on a batch with nothing to learn
+    return (token_loss.sum(dim=1)[learned] / counts[learned]).mean()

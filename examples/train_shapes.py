@@ -6,8 +6,15 @@
 Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers; (2) build a small
 vlmkit model (merger connector, DeepStack on) and its processor; (3) train with Trainer on fresh
 samples drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms), with a
-curriculum that starts on small, plain scenes; (4) save model (bf16 safetensors) + processor, and
-write the learning curve next to them.
+curriculum that starts on small, plain scenes and the one-word tasks; (4) save model (bf16
+safetensors) + processor, and write the learning curve next to them: the loss, and every
+--eval-every steps the exact-match rate per task on fixed validation questions with the real image
+and with a blank one (the gap is what the model gets from looking).
+
+What makes it learn (measured on 64-128 px probes): a learning rate of 5e-4, not 2e-3 (at 1e-3 and
+above the loss spikes and the model never leaves the language-prior plateau; at 5e-4 it starts
+using the image after 150-250 steps), Adam beta2 0.95, and each sample weighing the same in the
+loss (`per_sample_loss`), so that captions do not drown the one-word answers.
 """
 
 import argparse
@@ -22,12 +29,14 @@ from torch.utils.data import IterableDataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import vlmkit
-from vlmkit.data import CURRICULUM, TASKS, as_messages, make_sample
+from vlmkit.data import CURRICULUM, TASKS, as_messages, blank_like, make_sample
 from vlmkit.data.shapesworld import TEMPLATES
-from vlmkit.training import VLMKitDataCollator
+from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_sample_loss
 
-# Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full).
+# Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
+# tasks trained at each: one-word answers first, then relations, boxes and captions.
 CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
+LEVEL_TASKS = (("count", "colour", "existence", "motion"), TASKS, TASKS)
 
 
 def tokenizer_corpus(num_samples: int = 4000) -> list[str]:
@@ -46,7 +55,17 @@ def mrope_section(head_dim: int) -> list[int]:
     return [half - 2 * spatial, spatial, spatial]
 
 
-def model_config(tokenizer, smoke: bool) -> vlmkit.VLMKitConfig:
+# Connector settings scaled to the small model (the defaults are BLIP-2 / Idefics2 sized).
+SMALL_CONNECTORS = {
+    "merger": {}, "mlp": {},
+    "qformer": dict(num_queries=16, qformer_hidden_size=128, qformer_num_layers=2, qformer_num_heads=4,
+                    qformer_intermediate_size=256),
+    "resampler": dict(num_latents=16, resampler_depth=2, resampler_num_heads=4, resampler_head_dim=32,
+                      resampler_num_key_value_heads=2, resampler_intermediate_size=256),
+}
+
+
+def model_config(tokenizer, smoke: bool, connector_type: str = "merger") -> vlmkit.VLMKitConfig:
     ids = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
     vocab = 64 * math.ceil(len(tokenizer) / 64)
     width, layers = (64, 2) if smoke else (256, 4)
@@ -60,7 +79,7 @@ def model_config(tokenizer, smoke: bool) -> vlmkit.VLMKitConfig:
                            temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=width,
                            num_position_embeddings=144, deepstack_visual_indexes=list(range(layers - 1))),
         image_token_id=ids[0], video_token_id=ids[1], vision_start_token_id=ids[2], vision_end_token_id=ids[3],
-        tie_word_embeddings=True, connector_type="merger",
+        tie_word_embeddings=True, connector_type=connector_type, connector_config=SMALL_CONNECTORS[connector_type],
     )
 
 
@@ -79,20 +98,53 @@ class ShapesStream(IterableDataset):
     def __iter__(self):
         index = 0
         while True:
-            options = {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": self.difficulty(index)}
-            sample = make_sample(self.seed * 10_000_019 + index, task=self.tasks[index % len(self.tasks)], **options)
+            level = 0 if self.smoke else self.difficulty(index)
+            options = {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": level}
+            tasks = [t for t in self.tasks if t in LEVEL_TASKS[level]] or self.tasks
+            sample = make_sample(self.seed * 10_000_019 + index, task=tasks[index % len(tasks)], **options)
             yield {"messages": as_messages(sample), "fps": sample["fps"]}
             index += 1
 
 
+def exact_match(model, collator, samples: list[dict]) -> torch.Tensor:
+    """(N,) bool: the answer (and its <|im_end|>) is each position's top token under teacher forcing,
+    which is what greedy decoding would produce."""
+    batch = collator([{"messages": as_messages(s), "fps": s["fps"]} for s in samples])
+    labels = batch.pop("labels")
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        predicted = model(**batch).logits[:, :-1].argmax(-1)
+    model.train(was_training)
+    targets = labels[:, 1:]
+    return ((predicted == targets) | (targets == IGNORE_INDEX)).all(dim=1)
+
+
 class CurveLogger(TrainerCallback):
-    def __init__(self):
-        self.curve, self.start = [], time.time()
+    """Loss at every log; every `eval_every` steps, exact match per task on fixed validation
+    questions (full difficulty) with their image and with a blank one."""
+
+    def __init__(self, collator, tasks: tuple[str, ...], eval_every: int, per_task: int = 16):
+        self.curve, self.evals, self.start = [], [], time.time()
+        self.collator, self.eval_every = collator, eval_every
+        self.samples = [make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.curve.append({"step": state.global_step, "loss": round(logs["loss"], 4),
                                "minutes": round((time.time() - self.start) / 60, 2)})
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.eval_every and (state.global_step % self.eval_every == 0 or state.global_step == state.max_steps):
+            row = {"step": state.global_step, "minutes": round((time.time() - self.start) / 60, 2)}
+            for name, samples in (("image", self.samples), ("blank", [blank_like(s) for s in self.samples])):
+                correct = torch.cat([exact_match(model, self.collator, samples[i:i + 32])
+                                     for i in range(0, len(samples), 32)])
+                for task in dict.fromkeys(s["task"] for s in samples):
+                    hits = [c for c, s in zip(correct.tolist(), samples) if s["task"] == task]
+                    row[f"{task}/{name}"] = round(sum(hits) / len(hits), 3)
+            self.evals.append(row)
+            print(json.dumps(row), flush=True)
 
 
 def main() -> None:
@@ -100,8 +152,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--adam-beta2", type=float, default=0.95)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--loss", default="sample", choices=["sample", "token"],
+                        help="weigh samples equally (per_sample_loss) or tokens (the model's own loss)")
+    parser.add_argument("--eval-every", type=int, default=250, help="steps between validation probes (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
@@ -110,7 +166,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.batch_size, args.warmup = 20, 4, 2
+        args.steps, args.batch_size, args.warmup, args.eval_every = 20, 4, 2, 10
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -127,7 +183,9 @@ def main() -> None:
                                                  video_processor=video_processor)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
 
-    curve = CurveLogger()
+    tasks = tuple(args.tasks.split(","))
+    collator = VLMKitDataCollator(processor)
+    curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type="cosine", weight_decay=0.01,
@@ -141,11 +199,11 @@ def main() -> None:
     visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
     others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
     optimizer = torch.optim.AdamW([{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}],
-                                  lr=args.lr, weight_decay=0.01)
-    trainer = Trainer(model=model, args=training_args, data_collator=VLMKitDataCollator(processor),
-                      optimizers=(optimizer, None),
-                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke,
-                                                 tuple(args.tasks.split(","))), callbacks=[curve])
+                                  lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
+    trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
+                      compute_loss_func=per_sample_loss if args.loss == "sample" else None,
+                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks),
+                      callbacks=[curve])
     start = time.time()
     trainer.train()
     minutes = (time.time() - start) / 60
@@ -154,9 +212,9 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(args.out)
     processor.save_pretrained(args.out)
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
-        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "tasks": args.tasks,
-                   "minutes": round(minutes, 1),
-                   "curve": curve.curve}, handle, indent=1)
+        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
+                   "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
+                   "minutes": round(minutes, 1), "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 
 

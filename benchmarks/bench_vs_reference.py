@@ -1,11 +1,13 @@
 """vlmkit against transformers' Qwen3-VL on the same weights, side by side in one process.
 
-    python benchmarks/bench_vs_reference.py [--rounds 10] [--threads 2] [--dtype float32|bfloat16]
+    python benchmarks/bench_vs_reference.py [--rounds 12] [--repeats 3] [--threads 2] [--dtype float32|bfloat16]
 
 One fixed configuration (vision depth 6 / hidden 256 / 4 heads / intermediate 1024 / patch 16 /
 DeepStack on 3 layers; text 6 layers / hidden 512 / 8 heads, 4 KV heads / head_dim 64 /
 intermediate 1536 / vocab 8192) is saved once with random weights by transformers' Qwen3-VL and
-loaded into both implementations. Each round measures, alternating reference and vlmkit:
+loaded into both implementations. Each round measures both, one after the other, and swaps which
+goes first every round (ABBA: whichever runs second may find warmer caches or a busier allocator);
+each value is the median of --repeats back-to-back calls:
   prefill      one forward over 2 images of 448x448 (784 patches each) + 64 text tokens
   decode step  (generate 33 tokens - generate 1 token) / 32, greedy
   train step   forward + backward with labels
@@ -59,6 +61,10 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def median_of(repeats: int, measure) -> float:
+    return statistics.median(measure() for _ in range(repeats))
+
+
 def peak_memory(fn) -> int:
     """Peak bytes allocated by torch on the CPU while fn runs (running sum of allocation events)."""
     fn()  # warm: one-off allocations made before profiling would otherwise show as unmatched frees
@@ -76,7 +82,8 @@ def peak_memory(fn) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3, help="calls per measurement; their median is kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -122,9 +129,10 @@ def main() -> None:
     times = {name: {impl: [] for impl in models} for name in measures}
     print(f"{'round':>5} " + " ".join(f"{name + ' ratio':>18}" for name in measures))
     for round_index in range(args.rounds):
+        order = list(models) if round_index % 2 == 0 else list(models)[::-1]
         for name, measure in measures.items():
-            for impl, model in models.items():  # interleaved: reference, vlmkit, reference, vlmkit ...
-                times[name][impl].append(measure(model))
+            for impl in order:
+                times[name][impl].append(median_of(args.repeats, lambda: measure(models[impl])))
         print(f"{round_index:>5} " + " ".join(
             f"{times[n]['vlmkit'][-1] / times[n]['reference'][-1]:>18.3f}" for n in measures))
 
@@ -140,7 +148,7 @@ def main() -> None:
           f"{memory['vlmkit'] / memory['reference']:.3f} |")
 
     os.makedirs(args.out, exist_ok=True)
-    result = {"dtype": args.dtype, "threads": torch.get_num_threads(), "rounds": args.rounds,
+    result = {"dtype": args.dtype, "threads": torch.get_num_threads(), "rounds": args.rounds, "repeats": args.repeats,
               "torch": torch.__version__, "logit_max_abs_diff": logit_diff, "same_greedy_tokens": same_tokens,
               "summary": summary, "prefill_peak_bytes": memory,
               "per_round_seconds": times}

@@ -19,6 +19,10 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
+    # validation probes at steps 10 and 20: exact match per task, with the image and with a blank one
+    assert [e["step"] for e in log["evals"]] == [10, 20]
+    tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
+    assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))
     assert {"config.json", "model.safetensors", "processor_config.json", "tokenizer.json"} <= set(os.listdir(out))
     assert not (out / "trainer").exists()
 

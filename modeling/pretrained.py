@@ -38,7 +38,7 @@ class VLMKitPreTrainedModel(PreTrainedModel):
         """Store the weights named in `_column_major_linears` column-major: the same logical (out, in)
         tensor, laid out as its transpose. A decode step multiplies one row per sequence by each
         weight, and on CPU that product is memory-bound: with the wide lm_head (8192 x 512) and the
-        MLP's gate/up projections, BLAS runs it 1.3-4x faster over a column-major weight. Larger
+        MLP's gate/up projections, BLAS runs it 1.2-4x faster over a column-major weight. Larger
         products (prefill, training) are indifferent to the layout, and saving writes the usual
         contiguous tensors. Called after `__init__` and after loading; layout never changes values.
         """
@@ -47,7 +47,9 @@ class VLMKitPreTrainedModel(PreTrainedModel):
         for path in self._column_major_linears:
             for module in _resolve(self, path):
                 weight = module.weight
-                if id(weight) not in embeddings and weight.dim() == 2 and weight.is_contiguous():
+                # floating point only: quantized weights (int8, packed 4-bit) have their own layouts
+                if (id(weight) not in embeddings and weight.dim() == 2 and weight.is_floating_point()
+                        and weight.is_contiguous()):
                     weight.data = weight.data.t().contiguous().t()
 
     @classmethod

@@ -1,13 +1,13 @@
 """Train each of the four connectors with the same budget on ShapesWorld and compare them.
 
-    python examples/compare_connectors.py                       # 300 steps each, about 25 min on 2 cores
+    python examples/compare_connectors.py --steps 400           # the README's run, about 25 min on 2 cores
     python examples/compare_connectors.py --steps 20 --eval 14  # a quick look
 
-Every connector gets the same tokenizer, the same small model around it (examples/train_shapes.py's
-`model_config`, the connector scaled to that width), the same seed, data, optimiser and number of
-steps, on the easy curriculum level (128 px, 1-2 shapes, plain background) and the one-word tasks.
-Accuracy is greedy generation graded like `vlmkit eval`, on validation questions, with the image and
-with a blank one. Writes `compare_connectors.md` (a table) and `compare_connectors.png` (a bar chart
+Every connector gets the same tokenizer, the same small model and processor around it
+(examples/train_shapes.py's `build_model_and_processor`, the connector scaled to that width), the
+same seed, data, optimiser and number of steps, on the easy curriculum level (128 px, 1-2 shapes,
+plain background) and the one-word tasks. Accuracy is greedy generation graded like `vlmkit eval`,
+on validation questions, with the image and with a blank one. Writes `compare_connectors.md` (a table) and `compare_connectors.png` (a bar chart
 drawn with Pillow) under benchmarks/results/.
 """
 
@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageDraw
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_shapes import SMALL_CONNECTORS, model_config, tokenizer_corpus  # noqa: E402
+from train_shapes import SMALL_CONNECTORS, build_model_and_processor, tokenizer_corpus  # noqa: E402
 
 import vlmkit  # noqa: E402
 from vlmkit.cli import answer_samples  # noqa: E402
@@ -33,17 +33,6 @@ from vlmkit.training import VLMKitDataCollator, component_of, component_prefixes
 TASKS = ("count", "colour", "existence", "position")
 EASY = {"difficulty": 0}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks", "results")
-
-
-def build(connector: str, tokenizer):
-    torch.manual_seed(0)  # the same initial weights wherever the parameter shapes agree
-    config = model_config(tokenizer, smoke=False, connector_type=connector)
-    model = vlmkit.VLMKitForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    image_processor = vlmkit.VLMKitImageProcessor(size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
-    processor = vlmkit.VLMKitProcessor.for_model(config, tokenizer, image_processor=image_processor)
-    return model, processor
 
 
 def train(model, processor, steps: int, batch_size: int, lr: float, seed: int) -> list[float]:
@@ -126,7 +115,8 @@ def main() -> None:
     rows = []
     for connector in SMALL_CONNECTORS:
         print(f"{connector}:", flush=True)
-        model, processor = build(connector, tokenizer)
+        torch.manual_seed(0)  # the same initial weights wherever the parameter shapes agree
+        model, processor = build_model_and_processor(tokenizer, smoke=False, connector_type=connector)
         seconds = train(model, processor, args.steps, args.batch_size, args.lr, args.seed)
         counts = parameter_counts(model)
         rows.append({

@@ -83,6 +83,21 @@ def model_config(tokenizer, smoke: bool, connector_type: str = "merger") -> vlmk
     )
 
 
+def build_model_and_processor(tokenizer, smoke: bool, connector_type: str = "merger"):
+    """A fresh model (generation settings from the tokenizer) and its processor, whose pixel budgets
+    fit ShapesWorld's 96-192 px images (32 px = patch 16 x merge 2)."""
+    config = model_config(tokenizer, smoke, connector_type)
+    model = vlmkit.VLMKitForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.max_new_tokens = 48
+    image_processor = vlmkit.VLMKitImageProcessor(size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
+    video_processor = vlmkit.VLMKitVideoProcessor(size={"shortest_edge": 2 * 32 * 32, "longest_edge": 8 * 256 * 256})
+    processor = vlmkit.VLMKitProcessor.for_model(config, tokenizer, image_processor=image_processor,
+                                                 video_processor=video_processor)
+    return model, processor
+
+
 class ShapesStream(IterableDataset):
     """Endless fresh training samples; sample i belongs to step i // batch, which sets its difficulty."""
 
@@ -128,6 +143,7 @@ class CurveLogger(TrainerCallback):
         self.curve, self.evals, self.start = [], [], time.time()
         self.collator, self.eval_every = collator, eval_every
         self.samples = [make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
+        self.blank_samples = [blank_like(s) for s in self.samples]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
@@ -137,7 +153,7 @@ class CurveLogger(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.eval_every and (state.global_step % self.eval_every == 0 or state.global_step == state.max_steps):
             row = {"step": state.global_step, "minutes": round((time.time() - self.start) / 60, 2)}
-            for name, samples in (("image", self.samples), ("blank", [blank_like(s) for s in self.samples])):
+            for name, samples in (("image", self.samples), ("blank", self.blank_samples)):
                 correct = torch.cat([exact_match(model, self.collator, samples[i:i + 32])
                                      for i in range(0, len(samples), 32)])
                 for task in dict.fromkeys(s["task"] for s in samples):
@@ -172,15 +188,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
-    config = model_config(tokenizer, args.smoke)
-    model = vlmkit.VLMKitForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.max_new_tokens = 48
-    image_processor = vlmkit.VLMKitImageProcessor(size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
-    video_processor = vlmkit.VLMKitVideoProcessor(size={"shortest_edge": 2 * 32 * 32, "longest_edge": 8 * 256 * 256})
-    processor = vlmkit.VLMKitProcessor.for_model(config, tokenizer, image_processor=image_processor,
-                                                 video_processor=video_processor)
+    model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
 
     tasks = tuple(args.tasks.split(","))

@@ -2,6 +2,8 @@
 checkpoint and load vlmkit models, the initialisation of connector queries, and the weight layout
 that makes decoding fast."""
 
+from fnmatch import fnmatch
+
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
@@ -31,7 +33,7 @@ class VLMKitPreTrainedModel(PreTrainedModel):
             for name in module.learned_query_names:
                 init.normal_(getattr(module, name), mean=0.0, std=QUERY_INIT_STD)
 
-    # Linear layers (attribute paths) whose weight is stored column-major; see `use_decode_layout`.
+    # Linear layers (module-name patterns, fnmatch) whose weight is stored column-major; see `use_decode_layout`.
     _column_major_linears: tuple[str, ...] = ()
 
     def use_decode_layout(self) -> None:
@@ -44,8 +46,8 @@ class VLMKitPreTrainedModel(PreTrainedModel):
         """
         # A weight tied to an embedding stays row-major: the embedding reads it row by row.
         embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
-        for path in self._column_major_linears:
-            for module in _resolve(self, path):
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and any(fnmatch(name, p) for p in self._column_major_linears):
                 weight = module.weight
                 # floating point only: quantized weights (int8, packed 4-bit) have their own layouts
                 if (id(weight) not in embeddings and weight.dim() == 2 and weight.is_floating_point()
@@ -57,12 +59,3 @@ class VLMKitPreTrainedModel(PreTrainedModel):
         loading_info = super()._finalize_model_loading(model, load_config, loading_info)
         model.use_decode_layout()  # loading replaced the parameters with contiguous ones
         return loading_info
-
-
-def _resolve(root: nn.Module, path: str) -> list[nn.Linear]:
-    """The nn.Linear modules a dotted path names; "*" matches every child (e.g. layers.*.mlp.up_proj)."""
-    modules = [root]
-    for part in path.split("."):
-        modules = [child for m in modules
-                   for child in (m.children() if part == "*" else [getattr(m, part, None)]) if child is not None]
-    return [m for m in modules if isinstance(m, nn.Linear)]

@@ -10,19 +10,15 @@ import torch
 from torch import nn
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_vision_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (P, heads, hd) q/k by per-patch (P, hd) angles, in float32, returned in the input dtype."""
-    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    """Rotate (P, heads, hd) q/k by per-patch (P, 1, hd) float32 angles (cos and [-sin, sin], see
+    apply_text_rotary), in float32, returned in the input dtype."""
+    half = q.shape[-1] // 2
     q32, k32 = q.float(), k.float()
-    q_out = q32 * cos + rotate_half(q32) * sin
-    k_out = k32 * cos + rotate_half(k32) * sin
+    q_out = q32 * cos + q32.roll(half, -1) * signed_sin
+    k_out = k32 * cos + k32.roll(half, -1) * signed_sin
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
@@ -64,11 +60,13 @@ class VLMKitVisionRotaryEmbedding(nn.Module):
         return inv_freq.to(device), 1.0
 
     def forward(self, patch_coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """patch_coords: (P, 2) long (h, w) -> cos, sin: (P, head_dim) float32."""
+        """patch_coords: (P, 2) long (h, w) -> cos, signed sin: (P, 1, head_dim) float32, ready to
+        broadcast over heads (see apply_vision_rotary)."""
         freqs = patch_coords[..., None].float() * self.inv_freq.float()  # (P, 2, hd/4)
-        freqs = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)  # (P, hd/2): [h | w]
-        angles = torch.cat([freqs, freqs], dim=-1)  # (P, hd)
-        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        freqs = freqs.flatten(1)[:, None]  # (P, 1, hd/2): [h | w]
+        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+        # the angle vector is [freqs, freqs]: each half computed once
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 class VLMKitTextRotaryEmbedding(nn.Module):

@@ -59,6 +59,8 @@ class VLMKitVisionAttention(nn.Module):
 
     Flash kernels get one varlen call; every other implementation runs once per segment, so the
     largest score tensor is (heads, L_i, L_i) for the largest single image or slice, never the total.
+    sdpa, whose CPU and GPU kernels keep no score tensor, runs equal segments (same-size images, a
+    video's slices) as one batched call instead.
     """
 
     def __init__(self, config):
@@ -87,8 +89,12 @@ class VLMKitVisionAttention(nn.Module):
             )
         else:
             lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-            chunks = zip(*(t.split(lengths, dim=2) for t in (q, k, v)))
-            out = torch.cat([attend(self, qs, ks, vs, **common, **kwargs)[0] for qs, ks, vs in chunks], dim=1)
+            if self.config._attn_implementation == "sdpa" and len(set(lengths)) == 1:
+                segments = (t.view(self.num_heads, len(lengths), -1, self.head_dim).transpose(0, 1) for t in (q, k, v))
+                out = attend(self, *segments, **common, **kwargs)[0]  # (segments, L, H, hd)
+            else:
+                chunks = zip(*(t.split(lengths, dim=2) for t in (q, k, v)))
+                out = torch.cat([attend(self, qs, ks, vs, **common, **kwargs)[0] for qs, ks, vs in chunks], dim=1)
         return self.proj(out.reshape(num_patches, -1))  # (1, P, H, hd) -> (P, D)
 
 

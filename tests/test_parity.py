@@ -11,6 +11,8 @@ CASES = {
     "text_only": lambda: [sample(1).text(12)],
     "one_image": lambda: [sample(2).text(3).image(4, 6).text(4)],
     "two_images_different_grids": lambda: [sample(3).text(3).image(4, 6).text(2).image(8, 8).text(4)],
+    # equal segments take the vision tower's batched attention path
+    "two_images_same_grid": lambda: [sample(31).text(3).image(6, 4).text(2).image(6, 4).text(4)],
     "video_two_slices": lambda: [sample(4).text(3).video(2, 4, 4).text(4)],
     "video_three_slices": lambda: [sample(41).text(2).video(3, 6, 4).text(3)],
     "image_and_video": lambda: [sample(5).text(3).image(4, 6).text(1).video(2, 4, 4).text(4)],

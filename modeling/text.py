@@ -5,7 +5,6 @@ Shapes: B batch, S sequence, H hidden, hd head_dim.
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -15,6 +14,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ..configuration import VLMKitTextConfig
+from .activations import MLPActivation, no_graph
 from .attention import attention_interface
 from .pretrained import VLMKitPreTrainedModel
 from .rotary import VLMKitTextRotaryEmbedding, apply_text_rotary
@@ -85,10 +85,12 @@ class VLMKitTextMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_fn = MLPActivation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gated = self.act_fn(self.gate_proj(x))  # may overwrite gate_proj's fresh output
+        up = self.up_proj(x)
+        return self.down_proj(gated.mul_(up) if no_graph(gated) and no_graph(up) else gated * up)
 
 
 class VLMKitTextDecoderLayer(GradientCheckpointingLayer):

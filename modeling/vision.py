@@ -7,9 +7,9 @@ N = language-model tokens after the connector.
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .activations import MLPActivation
 from .attention import attention_interface, is_flash_attention
 from .connectors import build_connector
 from .rotary import VLMKitVisionRotaryEmbedding, apply_vision_rotary
@@ -48,10 +48,10 @@ class VLMKitVisionMLP(nn.Module):
         super().__init__()
         self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_fn = MLPActivation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))  # act_fn may overwrite fc1's fresh output
 
 
 class VLMKitVisionAttention(nn.Module):

@@ -84,3 +84,21 @@ def test_logits_to_keep_and_loss(pair):
     assert abs(full.loss.item() - expected_loss.item()) <= 1e-6
     shifted = torch.nn.functional.cross_entropy(full.logits[0, :-1], labels[0, 1:], ignore_index=-100)
     assert abs(full.loss.item() - shifted.item()) <= 1e-6
+
+
+def test_training_loss_and_gradients_match_reference(pair):
+    """The grad-enabled path (no in-place activations) against the reference: loss and every gradient."""
+    ref, ours = pair
+    inputs = batch_inputs(CASES["image_and_video"]() + CASES["two_images_same_grid"]())
+    labels = inputs["input_ids"].masked_fill((inputs["mm_token_type_ids"] > 0) | (inputs["attention_mask"] == 0), -100)
+    losses, grads = [], []
+    for model in (ref, ours):
+        model.train().zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    assert abs(losses[0] - losses[1]) <= 1e-5
+    assert grads[1].keys() <= grads[0].keys() and len(grads[1]) == sum(1 for _ in ours.parameters())
+    for name, grad in grads[1].items():
+        assert (grad - grads[0][name]).abs().max().item() <= 1e-5, name

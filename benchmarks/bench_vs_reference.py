@@ -1,19 +1,20 @@
 """vlmkit against transformers' Qwen3-VL on the same weights, side by side in one process.
 
-    python benchmarks/bench_vs_reference.py [--rounds 12] [--repeats 3] [--threads 2] [--dtype float32|bfloat16]
+    python benchmarks/bench_vs_reference.py [--rounds 20] [--repeats 3] [--threads 2] [--dtype float32|bfloat16]
 
 One fixed configuration (vision depth 6 / hidden 256 / 4 heads / intermediate 1024 / patch 16 /
 DeepStack on 3 layers; text 6 layers / hidden 512 / 8 heads, 4 KV heads / head_dim 64 /
 intermediate 1536 / vocab 8192) is saved once with random weights by transformers' Qwen3-VL and
-loaded into both implementations. Each round measures both, one after the other, and swaps which
-goes first every round (ABBA: whichever runs second may find warmer caches or a busier allocator);
-each value is the median of --repeats back-to-back calls:
+loaded into both implementations. Every measurement is a pair of calls, one of each, back to back, in
+an order that swaps every pair (ABBA: whichever runs second may find warmer caches or a busier
+allocator); its ratio compares two calls a moment apart, so the slow spells of a shared VM hit both
+sides. Each round makes --repeats pairs of each measure:
   prefill      one forward over 2 images of 448x448 (784 patches each) + 64 text tokens
   decode step  (generate 33 tokens - generate 1 token) / 32, greedy
   train step   forward + backward with labels
-and, once, the peak memory allocated during a prefill (torch profiler memory events). Prints
-per-round ratios (vlmkit / reference) and overall medians, checks the outputs agree, and writes JSON
-to benchmarks/results/.
+and, once, the peak memory allocated during a prefill (torch profiler memory events). Prints each
+round's median pair ratio (vlmkit / reference), then the median times and the median ratio over all
+pairs, checks the outputs agree, and writes JSON to benchmarks/results/.
 """
 
 import argparse
@@ -61,10 +62,6 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def median_of(repeats: int, measure) -> float:
-    return statistics.median(measure() for _ in range(repeats))
-
-
 def peak_memory(fn) -> int:
     """Peak bytes allocated by torch on the CPU while fn runs (running sum of allocation events)."""
     fn()  # warm: one-off allocations made before profiling would otherwise show as unmatched frees
@@ -82,8 +79,8 @@ def peak_memory(fn) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3, help="calls per measurement; their median is kept")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of calls per measure and round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -127,23 +124,27 @@ def main() -> None:
                 "decode_step": lambda m: (timed(lambda: generate(m, 33)) - timed(lambda: generate(m, 1))) / 32,
                 "train_step": lambda m: timed(lambda: train_step(m))}
     times = {name: {impl: [] for impl in models} for name in measures}
+    ratios = {name: [] for name in measures}
     print(f"{'round':>5} " + " ".join(f"{name + ' ratio':>18}" for name in measures))
     for round_index in range(args.rounds):
-        order = list(models) if round_index % 2 == 0 else list(models)[::-1]
         for name, measure in measures.items():
-            for impl in order:
-                times[name][impl].append(median_of(args.repeats, lambda: measure(models[impl])))
+            for repeat in range(args.repeats):
+                order = list(models) if (round_index * args.repeats + repeat) % 2 == 0 else list(models)[::-1]
+                seconds = {impl: measure(models[impl]) for impl in order}
+                for impl, value in seconds.items():
+                    times[name][impl].append(value)
+                ratios[name].append(seconds["vlmkit"] / seconds["reference"])
         print(f"{round_index:>5} " + " ".join(
-            f"{times[n]['vlmkit'][-1] / times[n]['reference'][-1]:>18.3f}" for n in measures))
+            f"{statistics.median(ratios[n][-args.repeats:]):>18.3f}" for n in measures))
 
     memory = {impl: peak_memory(lambda m=model: prefill(m)) for impl, model in models.items()}
     summary = {}
     print(f"\n| measure | reference | vlmkit | vlmkit / reference |\n|---|---|---|---|")
     for name in measures:
         ref, ours = (statistics.median(times[name][impl]) for impl in ("reference", "vlmkit"))
-        ratios = [o / r for o, r in zip(times[name]["vlmkit"], times[name]["reference"])]
-        summary[name] = {"reference_ms": ref * 1e3, "vlmkit_ms": ours * 1e3, "median_ratio": statistics.median(ratios)}
-        print(f"| {name} | {ref * 1e3:.1f} ms | {ours * 1e3:.1f} ms | {statistics.median(ratios):.3f} |")
+        ratio = statistics.median(ratios[name])
+        summary[name] = {"reference_ms": ref * 1e3, "vlmkit_ms": ours * 1e3, "median_ratio": ratio}
+        print(f"| {name} | {ref * 1e3:.1f} ms | {ours * 1e3:.1f} ms | {ratio:.3f} |")
     print(f"| prefill peak memory | {memory['reference'] / 2**20:.1f} MiB | {memory['vlmkit'] / 2**20:.1f} MiB | "
           f"{memory['vlmkit'] / memory['reference']:.3f} |")
 
@@ -151,7 +152,7 @@ def main() -> None:
     result = {"dtype": args.dtype, "threads": torch.get_num_threads(), "rounds": args.rounds, "repeats": args.repeats,
               "torch": torch.__version__, "logit_max_abs_diff": logit_diff, "same_greedy_tokens": same_tokens,
               "summary": summary, "prefill_peak_bytes": memory,
-              "per_round_seconds": times}
+              "per_call_seconds": times, "pair_ratios": ratios}
     out_file = os.path.join(args.out, f"bench_vs_reference_{args.dtype}.json")
     with open(out_file, "w") as handle:
         json.dump(result, handle, indent=2)

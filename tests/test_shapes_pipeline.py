@@ -36,6 +36,10 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert sum(entry["n"] for entry in report["tasks"].values()) == 14
     for entry in report["tasks"].values():
         assert entry["n"] >= 1 and 0.0 <= entry["accuracy"] <= 1.0 and 0.0 < entry["majority_rate"] <= 1.0
+        # the per-shape-count breakdown partitions the task's questions
+        assert sum(entry["n_by_shapes"].values()) == entry["n"]
+        weighted = sum(entry["accuracy_by_shapes"][n] * entry["n_by_shapes"][n] for n in entry["n_by_shapes"])
+        assert abs(weighted / entry["n"] - entry["accuracy"]) <= 1e-3
     assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
 
     demo = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "demo"],

@@ -102,6 +102,13 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
             if subset:
                 entry[f"accuracy_{name}"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in subset) / len(subset), 4)
         entry["accuracy"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in rows) / len(rows), 4)
+        # by the number of shapes in the scene: a model that sees colours but not kinds answers a
+        # colour question about 1 shape right and one about 2 shapes at chance between their colours
+        by_shapes = defaultdict(list)
+        for s, p, _ in rows:
+            by_shapes[len(s["scene"]["shapes"])].append(grade(task, p, s["answer"]))
+        entry["accuracy_by_shapes"] = {str(n): round(sum(g) / len(g), 4) for n, g in sorted(by_shapes.items())}
+        entry["n_by_shapes"] = {str(n): len(g) for n, g in sorted(by_shapes.items())}
         entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)
         if task == "grounding":
             ious = [iou(parse_box(p), parse_box(s["answer"])) for s, p, _ in rows]
@@ -130,6 +137,13 @@ def format_report(report: dict) -> str:
         cell = lambda k: f"{e[k]:.1%}" if k in e else "-"  # noqa: E731
         lines.append(f"| {task} | {cell('accuracy')} | {cell('accuracy_seen')} | {cell('accuracy_heldout')} | "
                      f"{cell('blank_accuracy')} | {e['majority_rate']:.1%} | {'; '.join(notes)} |")
+    counts = sorted({int(n) for e in report["tasks"].values() for n in e["accuracy_by_shapes"]})
+    lines += ["", "Accuracy by the number of shapes in the scene (questions):",
+              "| task | " + " | ".join(f"{n} shape{'s' * (n > 1)}" for n in counts) + " |", "|---|" + "---|" * len(counts)]
+    for task, e in report["tasks"].items():
+        lines.append(f"| {task} | " + " | ".join(
+            f"{e['accuracy_by_shapes'][str(n)]:.0%} ({e['n_by_shapes'][str(n)]})" if str(n) in e["accuracy_by_shapes"] else "-"
+            for n in counts) + " |")
     return "\n".join(lines)
 
 

@@ -56,10 +56,29 @@ def prefill_inputs(dtype) -> dict:
     }
 
 
-def timed(fn) -> float:
+def timed(fn, synchronize=None) -> float:
+    """Seconds fn takes; `synchronize` (e.g. torch.cuda.synchronize) waits for the device on both ends."""
+    if synchronize:
+        synchronize()
     start = time.perf_counter()
     fn()
+    if synchronize:
+        synchronize()
     return time.perf_counter() - start
+
+
+def paired(models: dict, measure, pairs: int, first: int = 0) -> tuple[dict[str, list[float]], list[float]]:
+    """`pairs` pairs of back-to-back calls `measure(model)`, one per implementation ("reference",
+    "vlmkit"), in an order that swaps every pair (pair numbers count from `first`). Returns the
+    values per implementation and the vlmkit / reference ratio of each pair."""
+    values, ratios = {impl: [] for impl in models}, []
+    for pair in range(first, first + pairs):
+        order = list(models) if pair % 2 == 0 else list(models)[::-1]
+        seconds = {impl: measure(models[impl]) for impl in order}
+        for impl, value in seconds.items():
+            values[impl].append(value)
+        ratios.append(seconds["vlmkit"] / seconds["reference"])
+    return values, ratios
 
 
 def peak_memory(fn) -> int:
@@ -128,12 +147,10 @@ def main() -> None:
     print(f"{'round':>5} " + " ".join(f"{name + ' ratio':>18}" for name in measures))
     for round_index in range(args.rounds):
         for name, measure in measures.items():
-            for repeat in range(args.repeats):
-                order = list(models) if (round_index * args.repeats + repeat) % 2 == 0 else list(models)[::-1]
-                seconds = {impl: measure(models[impl]) for impl in order}
-                for impl, value in seconds.items():
-                    times[name][impl].append(value)
-                ratios[name].append(seconds["vlmkit"] / seconds["reference"])
+            values, pair_ratios = paired(models, measure, args.repeats, first=round_index * args.repeats)
+            for impl in models:
+                times[name][impl] += values[impl]
+            ratios[name] += pair_ratios
         print(f"{round_index:>5} " + " ".join(
             f"{statistics.median(ratios[n][-args.repeats:]):>18.3f}" for n in measures))
 

@@ -18,33 +18,20 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_vs_reference import CONFIG, prefill_inputs  # noqa: E402
+from bench_vs_reference import CONFIG, paired, prefill_inputs, timed  # noqa: E402
 
 import vlmkit  # noqa: E402
 
 
 def batched(inputs: dict, batch: int, device: str) -> dict:
-    """The 2-image prefill repeated `batch` times (every row has the same length: no padding)."""
-    out = {key: value.repeat(batch, 1) for key, value in inputs.items() if key != "pixel_values" and key != "image_grid_thw"}
-    out["pixel_values"] = inputs["pixel_values"].repeat(batch, 1)
-    out["image_grid_thw"] = inputs["image_grid_thw"].repeat(batch, 1)
-    return {key: value.to(device) for key, value in out.items()}
-
-
-def timed(fn, device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    """The 2-image prefill repeated `batch` times (every row has the same length: no padding); the
+    patch rows and grids repeat along their first dim like the token rows."""
+    return {key: value.repeat(batch, 1).to(device) for key, value in inputs.items()}
 
 
 def main() -> None:
@@ -86,27 +73,23 @@ def main() -> None:
         with torch.no_grad():
             model(**inputs, use_cache=False)
 
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+
     def decode_step(model, inputs):
         with torch.no_grad():
-            long = timed(lambda: model.generate(**inputs, max_new_tokens=33, min_new_tokens=33, **gen_kwargs), device)
-            short = timed(lambda: model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, **gen_kwargs), device)
+            long = timed(lambda: model.generate(**inputs, max_new_tokens=33, min_new_tokens=33, **gen_kwargs), sync)
+            short = timed(lambda: model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, **gen_kwargs), sync)
         return (long - short) / 32
 
     speed = {}
     models = {"reference": reference, "vlmkit": ours}
     for batch in args.batches:
         inputs = batched(base, batch, device)
-        measures = {"prefill": lambda m: timed(lambda: prefill(m, inputs), device), "decode_step": lambda m: decode_step(m, inputs)}
+        measures = {"prefill": lambda m: timed(lambda: prefill(m, inputs), sync), "decode_step": lambda m: decode_step(m, inputs)}
         for model in models.values():  # warm-up
             prefill(model, inputs), decode_step(model, inputs)
         for measure_name, measure in measures.items():
-            times, ratios = {impl: [] for impl in models}, []
-            for pair in range(args.rounds):
-                order = list(models) if pair % 2 == 0 else list(models)[::-1]
-                seconds = {impl: measure(models[impl]) for impl in order}
-                for impl, value in seconds.items():
-                    times[impl].append(value)
-                ratios.append(seconds["vlmkit"] / seconds["reference"])
+            times, ratios = paired(models, measure, args.rounds)
             row = {f"{impl}_ms": statistics.median(values) * 1e3 for impl, values in times.items()}
             row["median_ratio"] = statistics.median(ratios)
             speed[f"batch{batch}/{measure_name}"] = row

@@ -98,15 +98,17 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
         if not rows:
             continue
         entry = {"n": len(rows), "majority_answer": majority[task][0], "majority_rate": round(majority[task][1], 4)}
-        for name, subset in (("seen", [r for r in rows if not r[0]["heldout"]]), ("heldout", [r for r in rows if r[0]["heldout"]])):
+        hits = [grade(task, p, s["answer"]) for s, p, _ in rows]
+        for name, subset in (("seen", [h for h, r in zip(hits, rows) if not r[0]["heldout"]]),
+                             ("heldout", [h for h, r in zip(hits, rows) if r[0]["heldout"]])):
             if subset:
-                entry[f"accuracy_{name}"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in subset) / len(subset), 4)
-        entry["accuracy"] = round(sum(grade(task, p, s["answer"]) for s, p, _ in rows) / len(rows), 4)
+                entry[f"accuracy_{name}"] = round(sum(subset) / len(subset), 4)
+        entry["accuracy"] = round(sum(hits) / len(hits), 4)
         # by the number of shapes in the scene: a model that sees colours but not kinds answers a
         # colour question about 1 shape right and one about 2 shapes at chance between their colours
         by_shapes = defaultdict(list)
-        for s, p, _ in rows:
-            by_shapes[len(s["scene"]["shapes"])].append(grade(task, p, s["answer"]))
+        for hit, (s, _, _) in zip(hits, rows):
+            by_shapes[len(s["scene"]["shapes"])].append(hit)
         entry["accuracy_by_shapes"] = {str(n): round(sum(g) / len(g), 4) for n, g in sorted(by_shapes.items())}
         entry["n_by_shapes"] = {str(n): len(g) for n, g in sorted(by_shapes.items())}
         entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)

@@ -306,3 +306,39 @@ def iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
     inter = iw * ih
     union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
     return float(inter / union) if union > 0 else 0.0
+
+
+# --------------------------------------------------------------------------------- dense labels
+
+
+def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:
+    """Per-cell targets for dense supervision of a vision tower whose tokens each see `cell` px
+    (patch 16 x merge 2 = 32), row-major like its merged tokens: (rows, cols) int64 arrays
+    "kind" (index into KINDS, len(KINDS) for background), "colour" (index into COLOURS, len(COLOURS)
+    for background) and "centre" (1 where a shape's box centre falls in the cell).
+
+    A cell shows the shape whose box overlaps it most, if that overlap covers at least `min_share` of
+    the cell or of the shape's box (so a small shape split across cells still labels its largest
+    pieces); otherwise it is background.
+    """
+    width, height = scene["width"], scene["height"]
+    if width % cell or height % cell:
+        raise ValueError(f"image {width}x{height} is not a multiple of the {cell} px cell")
+    rows, cols = height // cell, width // cell
+    kind = np.full((rows, cols), len(KINDS), dtype=np.int64)
+    colour = np.full((rows, cols), len(COLOURS), dtype=np.int64)
+    centre_mask = np.zeros((rows, cols), dtype=np.int64)
+    colour_index = {name: i for i, name in enumerate(COLOURS)}
+    edges_x, edges_y = np.arange(cols + 1) * cell, np.arange(rows + 1) * cell
+    best = np.zeros((rows, cols))
+    for shape in scene["shapes"]:
+        x1, y1, x2, y2 = shape["box"]
+        overlap_x = np.clip(np.minimum(edges_x[1:], x2) - np.maximum(edges_x[:-1], x1), 0, None)  # (cols,)
+        overlap_y = np.clip(np.minimum(edges_y[1:], y2) - np.maximum(edges_y[:-1], y1), 0, None)  # (rows,)
+        overlap = overlap_y[:, None] * overlap_x[None, :]  # (rows, cols) px^2
+        enough = overlap >= min_share * min(cell * cell, (x2 - x1) * (y2 - y1))
+        wins = enough & (overlap > best)
+        kind[wins], colour[wins], best[wins] = KINDS.index(shape["kind"]), colour_index[shape["colour"]], overlap[wins]
+        cx, cy = centre(shape["box"])
+        centre_mask[min(int(cy // cell), rows - 1), min(int(cx // cell), cols - 1)] = 1
+    return {"kind": kind, "colour": colour, "centre": centre_mask}

@@ -248,3 +248,25 @@ def test_box_helpers_and_grading():
     assert sw.grade("colour", " Red. ", "red") and not sw.grade("count", "4", "3")
     sample = sw.make_sample(5, "caption")
     assert sw.render_scene(json.loads(json.dumps(sample["scene"]))).tobytes() == sample["image"].tobytes()
+
+
+def test_cell_labels_follow_the_largest_overlap():
+    from vlmkit.data.shapes import cell_labels
+
+    scene = {"width": 96, "height": 64, "shapes": [
+        # inside cell (row 0, col 0)
+        {"kind": "star", "colour": "blue", "box": [4, 4, 20, 20]},
+        # 40 x 40 across cols 1-2 of row 1 (and 8 px into row 0): x 40-64 in col 1 (24 px), 64-80 in col 2
+        {"kind": "circle", "colour": "red", "box": [40, 24, 80, 64]},
+    ]}
+    labels = cell_labels(scene, cell=32)
+    bg_kind, bg_colour = len(sw.KINDS), len(sw.COLOURS)
+    star, circle = sw.KINDS.index("star"), sw.KINDS.index("circle")
+    blue, red = list(sw.COLOURS).index("blue"), list(sw.COLOURS).index("red")
+    # circle overlaps: (row 0, col 1) 24 x 8 = 192 px, under 25% of the cell (256): background;
+    # (row 0, col 2) 16 x 8; (row 1, col 1) 24 x 32 = 768; (row 1, col 2) 16 x 32 = 512
+    assert labels["kind"].tolist() == [[star, bg_kind, bg_kind], [bg_kind, circle, circle]]
+    assert labels["colour"].tolist() == [[blue, bg_colour, bg_colour], [bg_colour, red, red]]
+    assert labels["centre"].tolist() == [[1, 0, 0], [0, 1, 0]]  # centres (12, 12) and (60, 44)
+    with pytest.raises(ValueError, match="100x64 is not a multiple of the 32 px cell"):
+        cell_labels({**scene, "width": 100}, cell=32)

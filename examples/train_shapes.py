@@ -4,12 +4,15 @@
     python examples/train_shapes.py --smoke --out /tmp/shapes-smoke       # 20 steps, a tiny model (CI)
 
 Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers; (2) build a small
-vlmkit model (merger connector, DeepStack on) and its processor; (3) train with Trainer on fresh
-samples drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms), with a
-curriculum that starts on small, plain scenes and the one-word tasks; (4) save model (bf16
-safetensors) + processor, and write the learning curve next to them: the loss, and every
---eval-every steps the exact-match rate per task on fixed validation questions with the real image
-and with a blank one (the gap is what the model gets from looking).
+vlmkit model (merger connector, DeepStack on) and its processor; (3) stage 1, --vision-steps: train
+the vision tower and merger alone on dense labels read off the scene description (every merged token:
+the kind and colour of the shape it shows, or background, and whether a shape's centre is in it);
+(4) stage 2: train the whole model with Trainer on fresh samples drawn on the fly (a sample is a
+seed, so data never repeats and costs about 1 ms), with a curriculum that starts on small, plain
+scenes and the one-word tasks; (5) save model (bf16 safetensors) + processor, and write the learning
+curves next to them: stage 1's token accuracies, the loss, and every --eval-every steps the
+exact-match rate per task on fixed validation questions with the real image and with a blank one
+(the gap is what the model gets from looking).
 
 What makes it learn (measured on 64-128 px probes): a learning rate of 5e-4, not 2e-3 (at 1e-3 and
 above the loss spikes and the model never leaves the language-prior plateau; at 5e-4 it starts
@@ -24,12 +27,14 @@ import os
 import tempfile
 import time
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import vlmkit
-from vlmkit.data import CURRICULUM, TASKS, as_messages, blank_like, make_sample
+from vlmkit.data import COLOURS, CURRICULUM, KINDS, TASKS, as_messages, blank_like, make_sample
+from vlmkit.data.shapes import cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
 from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_sample_loss
 
@@ -96,6 +101,85 @@ def build_model_and_processor(tokenizer, smoke: bool, connector_type: str = "mer
     processor = vlmkit.VLMKitProcessor.for_model(config, tokenizer, image_processor=image_processor,
                                                  video_processor=video_processor)
     return model, processor
+
+
+# ----------------------------------------------------------------------- stage 1: vision pretraining
+# The VLM alone learns kinds slowly: its only signal for "star" is a few answer tokens per sample, and
+# after 90 minutes it named a lone shape's kind 9 times in 40. Dense labels from the scene description
+# (every merged token: which kind, which colour, whether a shape's centre) teach the tower in minutes.
+DENSE_HEADS = {"kind": len(KINDS) + 1, "colour": len(COLOURS) + 1, "centre": 2}
+IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
+
+
+def dense_batch(processor, seeds: list[int], split: str = "train"):
+    """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, image_grid_thw and
+    (N_tokens, 3) labels (kind, colour, centre), token-aligned with the tower's merged output."""
+    samples = [make_sample(seed, task=IMAGE_TASKS[seed % len(IMAGE_TASKS)], split=split,
+                           difficulty=seed % len(CURRICULUM)) for seed in seeds]
+    inputs = processor.image_processor(images=[s["image"] for s in samples], return_tensors="pt")
+    labels = []
+    for sample in samples:
+        cells = cell_labels(sample["scene"], cell=32)
+        labels.append(torch.from_numpy(np.stack([cells[k] for k in DENSE_HEADS], -1).reshape(-1, 3)))  # (rows*cols, 3)
+    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, 3)
+
+
+class DenseHeads(torch.nn.Module):
+    """Linear probes on the merged visual tokens, one per label; dropped after stage 1."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.heads = torch.nn.ModuleDict({name: torch.nn.Linear(width, n) for name, n in DENSE_HEADS.items()})
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: head(tokens) for name, head in self.heads.items()}
+
+
+def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tensor, dict[str, float]]:
+    tokens = visual(pixel_values, grid).pooler_output  # (N, D): merged tokens, row-major per image
+    if tokens.shape[0] != labels.shape[0]:
+        raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} 32 px cells; "
+                         "vision pretraining needs a spatial connector (merger or mlp)")
+    logits = heads(tokens)
+    loss = sum(torch.nn.functional.cross_entropy(logits[name], labels[:, i]) for i, name in enumerate(DENSE_HEADS))
+    on_shape = labels[:, 0] < len(KINDS)
+    hits = {name: logits[name].argmax(-1) == labels[:, i] for i, name in enumerate(DENSE_HEADS)}
+    accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][on_shape].float().mean().item(),
+                "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
+    return loss, accuracy
+
+
+def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int, eval_every: int) -> list[dict]:
+    """Stage 1: train the vision tower and its merger on per-token scene labels; returns the curve
+    (loss, and on fixed validation images the kind / colour accuracy on shape tokens)."""
+    visual = model.model.visual
+    heads = DenseHeads(model.config.vision_config.out_hidden_size)
+    optimizer = torch.optim.AdamW([*visual.parameters(), *heads.parameters()], lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    validation = dense_batch(processor, list(range(96)), split="validation")
+    curve, start = [], time.time()
+    visual.train()
+    for step in range(1, steps + 1):
+        seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
+        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([*visual.parameters(), *heads.parameters()], 1.0)
+        optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
+        if step % max(1, eval_every) == 0 or step == steps:
+            with torch.no_grad():
+                visual.eval()
+                _, accuracy = dense_scores(visual, heads, *validation)
+                visual.train()
+            row = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
+                   **{k: round(v, 3) for k, v in accuracy.items()}}
+            curve.append(row)
+            print(json.dumps({"vision": row}), flush=True)
+    return curve
+
+
+# ----------------------------------------------------------------------------- stage 2: the VLM
 
 
 class ShapesStream(IterableDataset):
@@ -166,7 +250,7 @@ class CurveLogger(TrainerCallback):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
@@ -177,19 +261,33 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
-    parser.add_argument("--vision-lr-scale", type=float, default=1.0,
-                        help="learning rate of the vision tower and connector, as a multiple of --lr")
+    parser.add_argument("--vision-lr-scale", type=float, default=0.3,
+                        help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
+                             "(below 1 so the VLM's early gradients do not wash out what stage 1 taught)")
+    parser.add_argument("--vision-steps", type=int, default=4000,
+                        help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
+                             "4000 take 17 min and reach 85%% kind accuracy on shape tokens")
+    parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.batch_size, args.warmup, args.eval_every = 20, 4, 2, 10
+        args.vision_steps = 10  # the smoke run checks both stages
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    start = time.time()
     tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
     model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+
+    vision_curve = []
+    if args.vision_steps:
+        vision_start = time.time()
+        vision_curve = pretrain_vision(model, processor, args.vision_steps, args.batch_size, args.vision_lr, args.seed,
+                                       eval_every=args.eval_every)
+        print(f"stage 1 (vision): {args.vision_steps} steps in {(time.time() - vision_start) / 60:.1f} min")
 
     tasks = tuple(args.tasks.split(","))
     collator = VLMKitDataCollator(processor)
@@ -212,7 +310,6 @@ def main() -> None:
                       compute_loss_func=per_sample_loss if args.loss == "sample" else None,
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks),
                       callbacks=[curve])
-    start = time.time()
     trainer.train()
     minutes = (time.time() - start) / 60
 
@@ -222,7 +319,9 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "minutes": round(minutes, 1), "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
+                   "vision_steps": args.vision_steps, "vision_lr": args.vision_lr,
+                   "vision_lr_scale": args.vision_lr_scale, "minutes": round(minutes, 1),
+                   "vision_curve": vision_curve, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 
 

@@ -23,6 +23,10 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert [e["step"] for e in log["evals"]] == [10, 20]
     tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
     assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))
+    # stage 1 (dense per-token supervision of the vision tower): 10 steps, one validation probe
+    assert log["vision_steps"] == 10 and [row["step"] for row in log["vision_curve"]] == [10]
+    probe = log["vision_curve"][0]
+    assert probe["loss"] > 0 and all(0.0 <= probe[k] <= 1.0 for k in ("kind", "colour", "background", "centre"))
     assert {"config.json", "model.safetensors", "processor_config.json", "tokenizer.json"} <= set(os.listdir(out))
     assert not (out / "trainer").exists()
 

@@ -116,10 +116,12 @@ def dense_batch(processor, seeds: list[int], split: str = "train"):
     (N_tokens, 3) labels (kind, colour, centre), token-aligned with the tower's merged output."""
     samples = [make_sample(seed, task=IMAGE_TASKS[seed % len(IMAGE_TASKS)], split=split,
                            difficulty=seed % len(CURRICULUM)) for seed in seeds]
-    inputs = processor.image_processor(images=[s["image"] for s in samples], return_tensors="pt")
+    image_processor = processor.image_processor
+    cell = image_processor.patch_size * image_processor.merge_size  # px each merged token sees
+    inputs = image_processor(images=[s["image"] for s in samples], return_tensors="pt")
     labels = []
     for sample in samples:
-        cells = cell_labels(sample["scene"], cell=32)
+        cells = cell_labels(sample["scene"], cell=cell)
         labels.append(torch.from_numpy(np.stack([cells[k] for k in DENSE_HEADS], -1).reshape(-1, 3)))  # (rows*cols, 3)
     return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, 3)
 
@@ -138,7 +140,7 @@ class DenseHeads(torch.nn.Module):
 def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tensor, dict[str, float]]:
     tokens = visual(pixel_values, grid).pooler_output  # (N, D): merged tokens, row-major per image
     if tokens.shape[0] != labels.shape[0]:
-        raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} 32 px cells; "
+        raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
     loss = sum(torch.nn.functional.cross_entropy(logits[name], labels[:, i]) for i, name in enumerate(DENSE_HEADS))
@@ -154,7 +156,8 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     (loss, and on fixed validation images the kind / colour accuracy on shape tokens)."""
     visual = model.model.visual
     heads = DenseHeads(model.config.vision_config.out_hidden_size)
-    optimizer = torch.optim.AdamW([*visual.parameters(), *heads.parameters()], lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    params = [*visual.parameters(), *heads.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
@@ -165,7 +168,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
         seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
         loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([*visual.parameters(), *heads.parameters()], 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
         if step % max(1, eval_every) == 0 or step == steps:
             with torch.no_grad():

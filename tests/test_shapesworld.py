@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from vlmkit.data import shapesworld as sw
+from vlmkit.data.shapes import cell_labels
 
 RELATIONS = {"left", "right", "above", "below"}
 
@@ -251,8 +252,6 @@ def test_box_helpers_and_grading():
 
 
 def test_cell_labels_follow_the_largest_overlap():
-    from vlmkit.data.shapes import cell_labels
-
     scene = {"width": 96, "height": 64, "shapes": [
         # inside cell (row 0, col 0)
         {"kind": "star", "colour": "blue", "box": [4, 4, 20, 20]},

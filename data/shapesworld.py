@@ -555,6 +555,29 @@ def as_messages(sample: dict, include_answer: bool = True) -> list[dict]:
     return messages
 
 
+# Tasks a scene's caption answers: it names every shape's colour and kind (positions only as the
+# left-to-right order, and no boxes or motion).
+DESCRIBABLE_TASKS: tuple[str, ...] = ("count", "colour", "existence")
+
+
+def as_described_messages(sample: dict, include_answer: bool = True) -> list[dict]:
+    """Text-only chat messages for a count, colour or existence sample: the scene's caption in place of
+    the image, then the question ("A small red star on a plain background. Is there a red star?").
+
+    The same matching the image questions need (find the shape named in the question, compare
+    colour and kind) on words alone, which a language model trained from scratch learns far sooner
+    than on visual tokens; see examples/train_shapes.py."""
+    if sample["task"] not in DESCRIBABLE_TASKS or sample.get("video"):
+        raise ValueError(f"a {sample['task']!r} sample cannot be answered from its caption; "
+                         f"describable tasks: {', '.join(DESCRIBABLE_TASKS)}")
+    description = caption_of(sample["scene"])
+    text = f"{description[0].upper()}{description[1:]} {sample['question']}"
+    messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+    if include_answer:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": sample["answer"]}]})
+    return messages
+
+
 def blank_like(sample: dict, colour: Sequence[int] = (235, 235, 235)) -> dict:
     """The same sample (question, answer, scene) with a uniform blank image, or video of blank frames of
     the same count, in place of the pixels: the blank-image baseline."""

@@ -269,3 +269,21 @@ def test_cell_labels_follow_the_largest_overlap():
     assert labels["centre"].tolist() == [[1, 0, 0], [0, 1, 0]]  # centres (12, 12) and (60, 44)
     with pytest.raises(ValueError, match="100x64 is not a multiple of the 32 px cell"):
         cell_labels({**scene, "width": 100}, cell=32)
+
+
+def test_described_messages_put_the_caption_in_place_of_the_image():
+    scene = {"background": {"type": "striped"},
+             "shapes": [{"kind": "star", "colour": "red", "size": "small", "centre": [90, 40]},
+                        {"kind": "circle", "colour": "blue", "size": "large", "centre": [20, 60]}]}
+    sample = {"task": "existence", "scene": scene, "question": "Is there a red star?", "answer": "yes"}
+    assert sw.as_described_messages(sample) == [
+        {"role": "user", "content": [{"type": "text", "text":
+            "A large blue circle and a small red star on a striped background. Is there a red star?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "yes"}]}]
+    assert len(sw.as_described_messages(sample, include_answer=False)) == 1
+    # on generated samples the caption names the shapes the answer is about
+    real = sw.make_sample(5, "colour")
+    text = sw.as_described_messages(real)[0]["content"][0]["text"]
+    assert f"{real['answer']} {real['query']['kind']}" in text and text.endswith(real["question"])
+    with pytest.raises(ValueError, match="'grounding' sample cannot be answered from its caption"):
+        sw.as_described_messages(sw.make_sample(5, "grounding"))

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 import subprocess
@@ -5,6 +6,8 @@ import sys
 
 import pytest
 from PIL import Image
+
+from vlmkit.cli import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,3 +43,35 @@ def test_compare_connectors_writes_table_plot_and_json(tmp_path):
     assert all(f"| {r['connector']} |" in table for r in rows)
     with Image.open(tmp_path / "compare_connectors.png") as plot:
         assert plot.size == (5 * 260, 220 + 2 * 30)
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_probe_question_use_asks_about_each_shape_and_counterfactuals():
+    probe = load_example("probe_question_use")
+    colour = probe.two_shape_colour_questions(5)
+    assert len(colour) == 10
+    for first, second in zip(colour[0::2], colour[1::2]):
+        shapes = first["scene"]["shapes"]
+        assert second["scene"] == first["scene"] and len(shapes) == 2 and shapes[0]["kind"] != shapes[1]["kind"]
+        assert [first["question"], second["question"]] == [f"What colour is the {s['kind']}?" for s in shapes]
+        assert [first["answer"], second["answer"]] == [s["colour"] for s in shapes]
+    existence = probe.one_shape_existence_questions(5)
+    assert len(existence) == 15
+    for i in range(5):
+        same, other_colour, other_kind = existence[3 * i:3 * i + 3]
+        (shape,) = same["scene"]["shapes"]
+        assert same["question"] == f"Is there a {shape['colour']} {shape['kind']}?"
+        assert other_colour["question"].endswith(f" {shape['kind']}?") and f" {shape['colour']} " not in other_colour["question"]
+        assert other_kind["question"].startswith(f"Is there a {shape['colour']} ") and not other_kind["question"].endswith(f" {shape['kind']}?")
+        assert [same["answer"], other_colour["answer"], other_kind["answer"]] == ["yes", "no", "no"]
+    model, processor = load(None)
+    report = probe.probe(model, processor, num_scenes=4)
+    assert report["two_shape_colour"]["scenes"] == report["one_shape_existence_yes_rate"]["scenes"] == 4
+    rates = [*report["two_shape_colour"].values(), *report["one_shape_existence_yes_rate"].values()]
+    assert all(0.0 <= r <= 1.0 for r in rates if isinstance(r, float))

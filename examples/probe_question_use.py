@@ -1,0 +1,91 @@
+"""Does a ShapesWorld model read the question? The blank-image baseline of `vlmkit eval` asks whether
+the answers depend on the image; this asks whether they depend on which shape the question names.
+
+    python examples/probe_question_use.py                    # the shipped model
+    python examples/probe_question_use.py --model my_model --json
+
+Two probes on validation scenes, answered greedily:
+- two shapes, "What colour is the {kind}?" asked about each: a model that reads the kind names the
+  two different colours; one that does not gives the same answer to both questions;
+- one shape, "Is there a {colour} {kind}?" asked three ways: the shape itself (truth "yes"), its kind
+  in another colour and its colour on another kind (truth "no"). A model that ignores the question
+  says "yes" equally often to all three; one that checks colour only says "yes" to the third.
+"""
+
+import argparse
+import json
+
+from vlmkit.cli import answer_samples, load
+from vlmkit.data import COLOURS, KINDS, make_sample
+
+
+def two_shape_colour_questions(num_scenes: int) -> list[dict]:
+    """Pairs of samples (same scene, one question per shape), for scenes of exactly two shapes."""
+    samples, seed = [], 0
+    while len(samples) < 2 * num_scenes:
+        sample = make_sample(seed, task="colour", split="validation", difficulty=0, max_shapes=2)
+        seed += 1
+        if len(sample["scene"]["shapes"]) != 2:
+            continue
+        for shape in sample["scene"]["shapes"]:
+            samples.append({**sample, "question": f"What colour is the {shape['kind']}?", "answer": shape["colour"]})
+    return samples
+
+
+def one_shape_existence_questions(num_scenes: int) -> list[dict]:
+    """Triples of samples on one-shape scenes: the shape itself, another colour, another kind."""
+    samples = []
+    for i in range(num_scenes):
+        sample = make_sample(i, task="colour", split="validation", difficulty=0, max_shapes=1)
+        shape = sample["scene"]["shapes"][0]
+        other_colour = [c for c in COLOURS if c != shape["colour"]][i % (len(COLOURS) - 1)]
+        other_kind = [k for k in KINDS if k != shape["kind"]][i % (len(KINDS) - 1)]
+        for colour, kind, answer in ((shape["colour"], shape["kind"], "yes"), (other_colour, shape["kind"], "no"),
+                                     (shape["colour"], other_kind, "no")):
+            samples.append({**sample, "task": "existence", "question": f"Is there a {colour} {kind}?", "answer": answer})
+    return samples
+
+
+def probe(model, processor, num_scenes: int = 40) -> dict:
+    colour = two_shape_colour_questions(num_scenes)
+    answers = answer_samples(model, processor, colour, batch_size=40, max_new_tokens=4)
+    pairs = list(zip(answers[0::2], answers[1::2]))
+    existence = one_shape_existence_questions(num_scenes)
+    said = answer_samples(model, processor, existence, batch_size=40, max_new_tokens=4)
+    yes = [[a == "yes" for a in said[k::3]] for k in range(3)]
+    return {
+        "two_shape_colour": {
+            "scenes": num_scenes,
+            "accuracy": round(sum(a == s["answer"] for a, s in zip(answers, colour)) / len(colour), 3),
+            "answers_differ": round(sum(a != b for a, b in pairs) / num_scenes, 3),
+        },
+        "one_shape_existence_yes_rate": {
+            "scenes": num_scenes,
+            "the_shape": round(sum(yes[0]) / num_scenes, 3),
+            "other_colour": round(sum(yes[1]) / num_scenes, 3),
+            "other_kind": round(sum(yes[2]) / num_scenes, 3),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--scenes", type=int, default=40)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model, processor = load(args.model)
+    report = probe(model, processor, args.scenes)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    colour, existence = report["two_shape_colour"], report["one_shape_existence_yes_rate"]
+    print(f"two shapes, 'What colour is the <kind>?' about each ({colour['scenes']} scenes): "
+          f"accuracy {colour['accuracy']:.0%}, the two answers differ in {colour['answers_differ']:.0%} of scenes")
+    print(f"one shape, 'Is there a <colour> <kind>?' ({existence['scenes']} scenes), share answered yes: "
+          f"the shape itself {existence['the_shape']:.0%}, its kind in another colour {existence['other_colour']:.0%}, "
+          f"its colour on another kind {existence['other_kind']:.0%}")
+
+
+if __name__ == "__main__":
+    main()

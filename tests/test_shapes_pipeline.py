@@ -19,8 +19,10 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
-    # validation probes at steps 10 and 20: exact match per task, with the image and with a blank one
-    assert [e["step"] for e in log["evals"]] == [10, 20]
+    # 4 text-only steps open stage 2 (described scenes), then 20 with images; validation probes every
+    # 10 steps and at the end: exact match per task, with the image and with a blank one
+    assert log["text_steps"] == 4 and log["text_every"] == 4
+    assert [e["step"] for e in log["evals"]] == [10, 20, 24]
     tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
     assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))
     # stage 1 (dense per-token supervision of the vision tower): 10 steps, one validation probe

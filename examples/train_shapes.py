@@ -132,14 +132,9 @@ def dense_batch(processor, seeds: list[int], split: str = "train"):
     return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, 3)
 
 
-def name_embedding(embed: torch.nn.Embedding, tokenizer, words) -> torch.Tensor:
-    """(len(words), D): each word's embedding as the language model reads it after a space (" star"),
-    averaged over its tokens should the tokenizer split it."""
-    rows = []
-    for word in words:
-        ids = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
-        rows.append(embed.weight[ids].mean(0))
-    return torch.stack(rows)
+def name_token_ids(tokenizer, words) -> list[list[int]]:
+    """Each word's token ids as the language model reads it after a space (" star")."""
+    return [tokenizer(" " + word, add_special_tokens=False)["input_ids"] for word in words]
 
 
 class NameHeads(torch.nn.Module):
@@ -154,7 +149,8 @@ class NameHeads(torch.nn.Module):
 
     def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int):
         super().__init__()
-        self.embed, self.tokenizer = embed, tokenizer  # the language model's: stage 1 trains the name rows too
+        self.embed = embed  # the language model's: stage 1 trains the name rows too
+        self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
         self.background = torch.nn.ParameterDict({
             name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in ("kind", "colour")})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
@@ -163,8 +159,10 @@ class NameHeads(torch.nn.Module):
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         directions = torch.nn.functional.normalize(tokens, dim=-1)  # (N, D)
         logits = {}
-        for name, words in (("kind", KINDS), ("colour", tuple(COLOURS))):
-            classes = torch.cat([name_embedding(self.embed, self.tokenizer, words), self.background[name][None]])
+        for name, word_ids in self.name_ids.items():
+            # (8, D): each name's embedding (averaged over its tokens should the tokenizer split it), then background
+            names = torch.stack([self.embed.weight[ids].mean(0) for ids in word_ids])
+            classes = torch.cat([names, self.background[name][None]])
             logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, 8)
         logits["centre"] = self.centre(tokens)
         return logits
@@ -225,8 +223,9 @@ class ShapesStream(IterableDataset):
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
-        self.text_samples, self.text_every = text_samples, text_every
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
+        self.text_samples = text_samples if self.text_tasks else 0
+        self.text_every = text_every
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -241,7 +240,7 @@ class ShapesStream(IterableDataset):
         index = 0
         while True:
             seed = self.seed * 10_000_019 + index
-            if index < self.text_samples and self.text_tasks:
+            if index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
                 sample = make_sample(seed, task=self.text_tasks[index % len(self.text_tasks)], **self.options(1))
                 yield {"messages": as_described_messages(sample), "fps": sample["fps"]}

@@ -549,9 +549,14 @@ def as_messages(sample: dict, include_answer: bool = True) -> list[dict]:
     elif sample.get("image") is not None:
         content.append({"type": "image", "image": sample["image"]})
     content.append({"type": "text", "text": sample["question"]})
-    messages = [{"role": "user", "content": content}]
-    if include_answer:
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": sample["answer"]}]})
+    return _chat(content, sample["answer"] if include_answer else None)
+
+
+def _chat(user_content: list[dict], answer: str | None) -> list[dict]:
+    """A user turn, then the assistant's answer unless it is None."""
+    messages = [{"role": "user", "content": user_content}]
+    if answer is not None:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
     return messages
 
 
@@ -572,10 +577,7 @@ def as_described_messages(sample: dict, include_answer: bool = True) -> list[dic
                          f"describable tasks: {', '.join(DESCRIBABLE_TASKS)}")
     description = caption_of(sample["scene"])
     text = f"{description[0].upper()}{description[1:]} {sample['question']}"
-    messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
-    if include_answer:
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": sample["answer"]}]})
-    return messages
+    return _chat([{"type": "text", "text": text}], sample["answer"] if include_answer else None)
 
 
 def blank_like(sample: dict, colour: Sequence[int] = (235, 235, 235)) -> dict:

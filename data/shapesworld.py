@@ -580,6 +580,52 @@ def as_described_messages(sample: dict, include_answer: bool = True) -> list[dic
     return _chat([{"type": "text", "text": text}], sample["answer"] if include_answer else None)
 
 
+def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """`count` (even) existence questions about one sample's scene, as samples in shuffled order: half
+    name a shape in it ("yes"), half change one word of one ("no"), taking turns between its colour
+    on a kind the scene lacks in that colour and its kind in a colour the scene lacks for it.
+
+    Trained side by side in one batch, these are minimal pairs: the same scene answered "yes" and
+    "no" by phrases one word apart, so the answer prior cancels and only checking both the colour and
+    the kind lowers the loss. On described scenes (examples/probe_text_matching.py), a fresh 4-layer
+    language model given one existence question per scene still answers every question the same
+    after 900 steps; given these four, it gets 78% of one-shape scenes right after 900.
+
+    Deterministic in (sample, seed, count); held-out colour-kind pairs are never named unless the
+    sample is itself held-out."""
+    if count < 2 or count % 2:
+        raise ValueError(f"count must be even and at least 2 (half yes, half no), got {count}")
+    rng = np.random.default_rng([int(seed), int(count), 0x5EED])
+    present = {(s["colour"], s["kind"]) for s in sample["scene"]["shapes"]}
+    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
+    named = sorted(present & allowed) or sorted(present)
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    def one_word_off(change_kind: bool) -> tuple[str, str]:
+        for colour, kind in [named[i] for i in rng.permutation(len(named))]:
+            other_kinds = [(colour, k) for k in KINDS if (colour, k) not in present and (colour, k) in allowed]
+            other_colours = [(c, kind) for c in COLOURS if (c, kind) not in present and (c, kind) in allowed]
+            options = (other_kinds or other_colours) if change_kind else (other_colours or other_kinds)
+            if options:
+                return pick(options)
+        raise ValueError(f"no colour-kind pair one word off the scene's {sorted(present)} is allowed")
+
+    first_changes_kind = bool(rng.integers(2))
+    combos = [pick(named) for _ in range(count // 2)]
+    combos += [one_word_off(change_kind=(i % 2 == 0) == first_changes_kind) for i in range(count // 2)]
+    questions = []
+    for i in rng.permutation(count):
+        combo = combos[i]
+        template = int(rng.integers(len(TEMPLATES["existence"])))
+        found = combo in present
+        questions.append(dict(sample, task="existence", template=template, answer="yes" if found else "no",
+                              question=TEMPLATES["existence"][template].format(a_obj=_article(_name(combo))),
+                              query={"colour": combo[0], "kind": combo[1], "present": found}))
+    return questions
+
+
 def blank_like(sample: dict, colour: Sequence[int] = (235, 235, 235)) -> dict:
     """The same sample (question, answer, scene) with a uniform blank image, or video of blank frames of
     the same count, in place of the pixels: the blank-image baseline."""
@@ -626,7 +672,8 @@ def grade(task: str, prediction: str, answer: str, iou_threshold: float = 0.5) -
 
 __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
-    "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_messages", "blank_like",
+    "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_described_messages",
+    "as_messages", "blank_like", "existence_questions",
     "box_to_relative", "build_dataset", "caption_of", "content_hash", "format_box", "generate_split", "grade",
     "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "relation",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed",

@@ -287,3 +287,33 @@ def test_described_messages_put_the_caption_in_place_of_the_image():
     assert f"{real['answer']} {real['query']['kind']}" in text and text.endswith(real["question"])
     with pytest.raises(ValueError, match="'grounding' sample cannot be answered from its caption"):
         sw.as_described_messages(sw.make_sample(5, "grounding"))
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_existence_questions_are_minimal_pairs_answered_by_the_scene(split, heldout):
+    kind_changes = colour_changes = 0
+    for seed in range(60):
+        sample = sw.make_sample(seed, "count", split=split, heldout=heldout)
+        questions = sw.existence_questions(sample, seed)
+        assert [q["question"] for q in questions] == [q["question"] for q in sw.existence_questions(sample, seed)]
+        present = {(s["colour"], s["kind"]) for s in sample["scene"]["shapes"]}
+        asked = [(q["query"]["colour"], q["query"]["kind"]) for q in questions]
+        for question, combo in zip(questions, asked):
+            # the answer, recomputed from the scene; the question names exactly that colour and kind
+            assert question["answer"] == ("yes" if combo in present else "no")
+            assert f"{combo[0]} {combo[1]}" in question["question"] and question["task"] == "existence"
+            assert question["scene"] == sample["scene"] and question["image"] is sample["image"]
+            assert heldout or combo not in sw.HELDOUT_COMBOS
+        no = [c for c in asked if c not in present]
+        assert len(no) == 2  # half "yes", half "no"
+        # a "no" keeps one word of a shape in the scene and changes the other
+        for colour, kind in no:
+            assert any((colour == c) != (kind == k) for c, k in present)
+        kind_changes += sum(any(colour == c for c, _ in present) for colour, _ in no)
+        colour_changes += sum(any(kind == k for _, k in present) for _, kind in no)
+    assert kind_changes >= 50 and colour_changes >= 50  # both kinds of "no", about one each per scene
+    # shuffled: the first question is not always a "yes"
+    first = Counter(sw.existence_questions(sw.make_sample(s, "count"), s)[0]["answer"] for s in range(200))
+    assert 70 <= first["yes"] <= 130
+    with pytest.raises(ValueError, match="count must be even"):
+        sw.existence_questions(sw.make_sample(0, "count"), 0, count=3)

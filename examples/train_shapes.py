@@ -24,6 +24,7 @@ loss (`per_sample_loss`), so that captions do not drown the one-word answers.
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -37,7 +38,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 
 import vlmkit
 from vlmkit.data import (
-    COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like, make_sample,
+    COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
+    existence_questions, make_sample,
 )
 from vlmkit.data.shapes import cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
@@ -168,6 +170,18 @@ class NameHeads(torch.nn.Module):
         return logits
 
 
+def vision_probe(visual, heads, processor) -> dict[str, float]:
+    """Stage 1's heads on fixed validation images: kind / colour / background / centre accuracy of the
+    merged tokens. After stage 2 it shows what the VLM's training left of stage 1 (the word rows the
+    heads score against move with the language model)."""
+    was_training = visual.training
+    visual.eval()
+    with torch.no_grad():
+        _, accuracy = dense_scores(visual, heads, *dense_batch(processor, list(range(96)), split="validation"))
+    visual.train(was_training)
+    return {k: round(v, 3) for k, v in accuracy.items()}
+
+
 def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tensor, dict[str, float]]:
     tokens = visual(pixel_values, grid).pooler_output  # (N, D): merged tokens, row-major per image
     if tokens.shape[0] != labels.shape[0]:
@@ -182,9 +196,10 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
     return loss, accuracy
 
 
-def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int, eval_every: int) -> list[dict]:
+def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int,
+                    eval_every: int) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels; returns the curve
-    (loss, and on fixed validation images the kind / colour accuracy on shape tokens)."""
+    (loss, and on fixed validation images the kind / colour accuracy on shape tokens) and the heads."""
     visual = model.model.visual
     heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size)
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
@@ -208,7 +223,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
                    **{k: round(v, 3) for k, v in accuracy.items()}}
             curve.append(row)
             print(json.dumps({"vision": row}), flush=True)
-    return curve
+    return curve, heads
 
 
 # ----------------------------------------------------------------------------- stage 2: the VLM
@@ -218,14 +233,18 @@ class ShapesStream(IterableDataset):
     """Endless fresh training samples. The first `text_samples` describe the scene in words instead of
     showing it (`as_described_messages`: count, colour and existence on the caption). Then sample i
     of the image part belongs to step i // batch, which sets its curriculum level, and every
-    `text_every`-th round of the tasks a describable sample is again given as text (0: never)."""
+    `text_every`-th round of the tasks a describable sample is again given as text (0: never).
+
+    With `existence_group` > 1, the first of every that many existence slots gives that many
+    minimal-pair questions about one scene (`existence_questions`), side by side so they share a
+    batch, and the others give none: the task mix stays the same."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
-                 text_samples: int = 0, text_every: int = 0):
+                 text_samples: int = 0, text_every: int = 0, existence_group: int = 1):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
-        self.text_every = text_every
+        self.text_every, self.existence_group = text_every, existence_group
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -237,23 +256,30 @@ class ShapesStream(IterableDataset):
         return {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": level}
 
     def __iter__(self):
-        index = 0
-        while True:
+        group, existence_slots = self.existence_group, 0
+        for index in itertools.count():
             seed = self.seed * 10_000_019 + index
             if index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
-                sample = make_sample(seed, task=self.text_tasks[index % len(self.text_tasks)], **self.options(1))
-                yield {"messages": as_described_messages(sample), "fps": sample["fps"]}
+                task, level, as_text = self.text_tasks[index % len(self.text_tasks)], 1, True
             else:
                 i = index - self.text_samples
                 level = 0 if self.smoke else self.difficulty(i)
                 tasks = [t for t in self.tasks if t in LEVEL_TASKS[level]] or self.tasks
                 task = tasks[i % len(tasks)]
-                sample = make_sample(seed, task=task, **self.options(level))
-                as_text = self.text_every and task in DESCRIBABLE_TASKS and (i // len(tasks)) % self.text_every == 0
-                messages = as_described_messages(sample) if as_text else as_messages(sample)
-                yield {"messages": messages, "fps": sample["fps"]}
-            index += 1
+                as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (i // len(tasks)) % self.text_every == 0
+            sample_options = self.options(level)
+            if task == "existence" and group > 1:
+                slot, existence_slots = existence_slots, existence_slots + 1
+                if slot % group:
+                    continue  # filled by the group that opened at slot - slot % group
+                if index >= self.text_samples:  # counted in groups: every group would otherwise fall on a text round
+                    as_text = bool(self.text_every) and (slot // group) % self.text_every == 0
+                items = existence_questions(make_sample(seed, task=task, **sample_options), seed, group)
+            else:
+                items = [make_sample(seed, task=task, **sample_options)]
+            for item in items:
+                yield {"messages": as_described_messages(item) if as_text else as_messages(item), "fps": item["fps"]}
 
 
 def exact_match(model, collator, samples: list[dict]) -> torch.Tensor:
@@ -314,7 +340,7 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
     parser.add_argument("--vision-lr-scale", type=float, default=0.3,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
-                             "(below 1 so the VLM's early gradients do not wash out what stage 1 taught)")
+                             "(below 1 so the VLM's early gradients do not wash out what stage 1 taught; 0: frozen)")
     parser.add_argument("--vision-steps", type=int, default=4000,
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
@@ -323,6 +349,9 @@ def main() -> None:
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
     parser.add_argument("--text-every", type=int, default=4,
                         help="after them, one round of the tasks in this many gives describable samples as text (0: never)")
+    parser.add_argument("--existence-group", type=int, default=1,
+                        help="existence comes as this many questions about one scene side by side, half naming a "
+                             "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
@@ -337,10 +366,10 @@ def main() -> None:
     model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
 
-    vision_curve = []
+    vision_curve, heads = [], None
     if args.vision_steps:
         vision_start = time.time()
-        vision_curve = pretrain_vision(model, processor, args.vision_steps, args.batch_size, args.vision_lr, args.seed,
+        vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every)
         print(f"stage 1 (vision): {args.vision_steps} steps in {(time.time() - vision_start) / 60:.1f} min")
 
@@ -359,15 +388,23 @@ def main() -> None:
     model.config.use_cache = False
     visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
     others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
-    optimizer = torch.optim.AdamW([{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}],
-                                  lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
+    groups = [{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}]
+    if args.vision_lr_scale == 0:  # frozen: no gradients through the tower at all, not just no updates
+        model.model.visual.requires_grad_(False)
+        groups = groups[:1]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func=per_sample_loss if args.loss == "sample" else None,
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
-                                                 text_samples=args.text_steps * args.batch_size, text_every=args.text_every),
+                                                 text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
+                                                 existence_group=args.existence_group),
                       callbacks=[curve])
     trainer.train()
     minutes = (time.time() - start) / 60
+    # what stage 2 left of stage 1: its heads on the same validation images, scored against the
+    # language model's word rows as they are now
+    vision_after = vision_probe(model.model.visual, heads, processor) if heads is not None else None
+    print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
     model.config.use_cache = True
     model.to(torch.bfloat16).save_pretrained(args.out)
@@ -377,8 +414,9 @@ def main() -> None:
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "vision_lr": args.vision_lr,
                    "vision_lr_scale": args.vision_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
+                   "existence_group": args.existence_group,
                    "minutes": round(minutes, 1),
-                   "vision_curve": vision_curve, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
+                   "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.text_steps} text + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 
 

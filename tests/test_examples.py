@@ -1,4 +1,5 @@
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -75,3 +76,36 @@ def test_probe_question_use_asks_about_each_shape_and_counterfactuals():
     assert report["two_shape_colour"]["scenes"] == report["one_shape_existence_yes_rate"]["scenes"] == 4
     rates = [*report["two_shape_colour"].values(), *report["one_shape_existence_yes_rate"].values()]
     assert all(0.0 <= r <= 1.0 for r in rates if isinstance(r, float))
+
+
+def _stream_rows(stream, n):
+    rows = []
+    for row in itertools.islice(iter(stream), n):
+        content = row["messages"][0]["content"]
+        rows.append({"text": content[-1]["text"], "answer": row["messages"][1]["content"][0]["text"],
+                     "as_text": content[0]["type"] == "text"})
+    return rows
+
+
+def test_train_shapes_stream_groups_existence_as_minimal_pairs_and_keeps_the_task_mix():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=20_000, seed=0, smoke=False, text_samples=320, text_every=4)
+    grouped = _stream_rows(train_shapes.ShapesStream(**kwargs, existence_group=4), 2000)
+    single = _stream_rows(train_shapes.ShapesStream(**kwargs, existence_group=1), 2000)
+    existence = [i for i, r in enumerate(grouped) if r["answer"] in ("yes", "no")]
+    # the same share of existence samples either way (up to the group cut at the end), but in runs
+    # of 4 about one scene, half "yes"
+    assert abs(len(existence) - sum(r["answer"] in ("yes", "no") for r in single)) < 4
+    existence = existence[:len(existence) // 4 * 4]
+    assert existence[::4] == [i - 3 for i in existence[3::4]]
+    for start in existence[::4]:
+        group = grouped[start:start + 4]
+        assert sorted(r["answer"] for r in group) == ["no", "no", "yes", "yes"]
+        assert len({r["as_text"] for r in group}) == 1
+        if group[0]["as_text"]:  # described scenes: one caption, four questions
+            assert len({r["text"].split(". ")[0] for r in group}) == 1
+    # the text warm-up (320 samples), then one in four of each describable task as text
+    assert all(r["as_text"] for r in grouped[:320])
+    later = grouped[320:]
+    assert 0.15 <= sum(r["as_text"] for r in later) / len(later) <= 0.25
+    assert abs(sum(r["as_text"] for r in single[320:]) - sum(r["as_text"] for r in later)) <= 8

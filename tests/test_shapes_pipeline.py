@@ -14,7 +14,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 @pytest.mark.slow
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
-    train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out)],
+    train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
+                            "--existence-group", "4"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
@@ -29,6 +30,10 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["vision_steps"] == 10 and [row["step"] for row in log["vision_curve"]] == [10]
     probe = log["vision_curve"][0]
     assert probe["loss"] > 0 and all(0.0 <= probe[k] <= 1.0 for k in ("kind", "colour", "background", "centre"))
+    # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
+    after = log["vision_after_stage_2"]
+    assert set(after) == {"kind", "colour", "background", "centre"} and all(0.0 <= v <= 1.0 for v in after.values())
+    assert log["existence_group"] == 4
     assert {"config.json", "model.safetensors", "processor_config.json", "tokenizer.json"} <= set(os.listdir(out))
     assert not (out / "trainer").exists()
 

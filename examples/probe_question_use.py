@@ -9,14 +9,26 @@ Two probes on validation scenes, answered greedily:
   two different colours; one that does not gives the same answer to both questions;
 - one shape, "Is there a {colour} {kind}?" asked three ways: the shape itself (truth "yes"), its kind
   in another colour and its colour on another kind (truth "no"). A model that ignores the question
-  says "yes" equally often to all three; one that checks colour only says "yes" to the third.
+  says "yes" equally often to all three; one that checks colour only says "yes" to the third;
+- and below the language model, whether the visual tokens still carry the kind and colour in its
+  words: on validation images, the share of shape tokens whose nearest name by cosine similarity
+  to the language model's embeddings of the kind names (" star") and colour names (" red") is the
+  shape's own. Stage 1 of train_shapes.py trains exactly this alignment; this shows how much of it
+  survives stage 2.
 """
 
 import argparse
 import json
+import os
+import sys
 
-from vlmkit.cli import answer_samples, load
-from vlmkit.data import COLOURS, KINDS, make_sample
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_shapes import dense_batch, name_token_ids  # noqa: E402  (stage 1's labels and name tokens)
+
+from vlmkit.cli import answer_samples, load  # noqa: E402
+from vlmkit.data import COLOURS, KINDS, make_sample  # noqa: E402
 
 
 def two_shape_colour_questions(num_scenes: int) -> list[dict]:
@@ -46,6 +58,23 @@ def one_shape_existence_questions(num_scenes: int) -> list[dict]:
     return samples
 
 
+def visual_word_alignment(model, processor, num_images: int = 96) -> dict:
+    """Share of shape tokens (merged visual tokens on a shape) whose most cosine-similar kind name and
+    colour name, among the language model's input embeddings of the names, are the shape's own."""
+    pixel_values, grid, labels = dense_batch(processor, list(range(num_images)), split="validation")
+    embeddings = model.get_input_embeddings().weight.detach().float()
+    with torch.no_grad():
+        tokens = model.model.visual(pixel_values.to(model.dtype), grid).pooler_output.float()  # (N, D)
+    on_shape = labels[:, 0] < len(KINDS)
+    directions = torch.nn.functional.normalize(tokens[on_shape], dim=-1)
+    result = {"shape_tokens": int(on_shape.sum())}
+    for column, (name, words) in enumerate((("kind", KINDS), ("colour", COLOURS))):
+        names = torch.stack([embeddings[ids].mean(0) for ids in name_token_ids(processor.tokenizer, words)])  # (7, D)
+        nearest = (directions @ torch.nn.functional.normalize(names, dim=-1).T).argmax(-1)
+        result[name] = round((nearest == labels[on_shape, column]).float().mean().item(), 3)
+    return result
+
+
 def probe(model, processor, num_scenes: int = 40) -> dict:
     colour = two_shape_colour_questions(num_scenes)
     answers = answer_samples(model, processor, colour, batch_size=40, max_new_tokens=4)
@@ -65,6 +94,7 @@ def probe(model, processor, num_scenes: int = 40) -> dict:
             "other_colour": round(sum(yes[1]) / num_scenes, 3),
             "other_kind": round(sum(yes[2]) / num_scenes, 3),
         },
+        "visual_tokens_nearest_name": visual_word_alignment(model, processor),
     }
 
 
@@ -85,6 +115,9 @@ def main() -> None:
     print(f"one shape, 'Is there a <colour> <kind>?' ({existence['scenes']} scenes), share answered yes: "
           f"the shape itself {existence['the_shape']:.0%}, its kind in another colour {existence['other_colour']:.0%}, "
           f"its colour on another kind {existence['other_kind']:.0%}")
+    aligned = report["visual_tokens_nearest_name"]
+    print(f"visual tokens on shapes ({aligned['shape_tokens']}) nearest the language model's word for their own "
+          f"kind {aligned['kind']:.0%}, colour {aligned['colour']:.0%} (chance {1 / len(KINDS):.0%})")
 
 
 if __name__ == "__main__":

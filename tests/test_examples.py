@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from vlmkit.cli import load
+from vlmkit.data import COLOURS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,6 +77,18 @@ def test_probe_question_use_asks_about_each_shape_and_counterfactuals():
     assert report["two_shape_colour"]["scenes"] == report["one_shape_existence_yes_rate"]["scenes"] == 4
     rates = [*report["two_shape_colour"].values(), *report["one_shape_existence_yes_rate"].values()]
     assert all(0.0 <= r <= 1.0 for r in rates if isinstance(r, float))
+    # the shipped tower's shape tokens lie nearest their own colour's word (stage 1's alignment) ...
+    aligned = report["visual_tokens_nearest_name"]
+    assert aligned["shape_tokens"] > 300 and aligned["colour"] >= 0.9 and 0.0 <= aligned["kind"] <= 1.0
+    # ... and rotating the colour words' embedding rows sends them to the wrong names
+    ids = [i[0] for i in probe.name_token_ids(processor.tokenizer, COLOURS)]
+    weight = model.get_input_embeddings().weight
+    original = weight.data.clone()
+    try:
+        weight.data[ids] = original[ids[1:] + ids[:1]]
+        assert probe.visual_word_alignment(model, processor)["colour"] <= 0.3
+    finally:
+        weight.data.copy_(original)
 
 
 def _stream_rows(stream, n):
@@ -109,3 +122,21 @@ def test_train_shapes_stream_groups_existence_as_minimal_pairs_and_keeps_the_tas
     later = grouped[320:]
     assert 0.15 <= sum(r["as_text"] for r in later) / len(later) <= 0.25
     assert abs(sum(r["as_text"] for r in single[320:]) - sum(r["as_text"] for r in later)) <= 8
+
+
+def test_probe_text_matching_sorts_truths_and_runs(tmp_path):
+    probe = load_example("probe_text_matching")
+    validation = probe.validation_questions(24)
+    for sample in validation[1]:
+        (shape,) = sample["scene"]["shapes"]
+        asked = (sample["query"]["colour"], sample["query"]["kind"])
+        expected = {(True, True): "yes", (True, False): "no_kind_changed", (False, True): "no_colour_changed"}
+        assert probe.truth_kind(sample) == expected[(asked[0] == shape["colour"], asked[1] == shape["kind"])]
+    assert {probe.truth_kind(s) for s in validation[3]} == {"yes", "no_both"}  # a 3-shape "no" holds both halves
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_text_matching.py"), "--smoke",
+                             "--steps", "4", "--eval-every", "2", "--per-count", "8", "--json", str(tmp_path / "curve.json")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = json.loads((tmp_path / "curve.json").read_text())
+    assert log["group"] == 4 and [row["step"] for row in log["curve"]] == [2, 4]
+    assert all(0.0 <= row[key] <= 1.0 for row in log["curve"] for key in ("1_shapes", "3_shapes", "1_shapes/yes"))

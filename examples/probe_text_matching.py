@@ -30,7 +30,7 @@ import train_shapes  # noqa: E402  (the example next to this one: tokenizer, mod
 
 import vlmkit  # noqa: E402
 from vlmkit.data import as_described_messages, make_sample  # noqa: E402
-from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_sample_loss  # noqa: E402
+from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 
 def truth_kind(sample: dict) -> str:
@@ -48,22 +48,11 @@ def validation_questions(per_count: int) -> dict[int, list[dict]]:
                 for i in range(per_count)] for n in (1, 3)}
 
 
-def described_exact_match(model, collator, samples: list[dict]) -> list[bool]:
-    """Whether the answer is each position's top token under teacher forcing (= greedy decoding)."""
-    batch = collator([{"messages": as_described_messages(s), "fps": None} for s in samples])
-    labels = batch.pop("labels")
-    model.eval()
-    with torch.no_grad():
-        predicted = model(**batch).logits[:, :-1].argmax(-1)
-    model.train()
-    targets = labels[:, 1:]
-    return ((predicted == targets) | (targets == IGNORE_INDEX)).all(dim=1).tolist()
-
-
 def evaluate(model, collator, validation: dict[int, list[dict]]) -> dict[str, float]:
     row = {}
     for count, samples in validation.items():
-        hits = [h for i in range(0, len(samples), 32) for h in described_exact_match(model, collator, samples[i:i + 32])]
+        hits = [h for i in range(0, len(samples), 32)
+                for h in train_shapes.exact_match(model, collator, samples[i:i + 32], as_described_messages).tolist()]
         row[f"{count}_shapes"] = round(sum(hits) / len(hits), 3)
         for kind in ("yes", "no_colour_changed", "no_kind_changed", "no_both"):
             chosen = [h for h, s in zip(hits, samples) if truth_kind(s) == kind]

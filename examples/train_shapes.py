@@ -170,14 +170,19 @@ class NameHeads(torch.nn.Module):
         return logits
 
 
-def vision_probe(visual, heads, processor) -> dict[str, float]:
-    """Stage 1's heads on fixed validation images: kind / colour / background / centre accuracy of the
-    merged tokens. After stage 2 it shows what the VLM's training left of stage 1 (the word rows the
-    heads score against move with the language model)."""
+def vision_validation(processor):
+    """The fixed validation images (and labels) stage 1's accuracies are measured on."""
+    return dense_batch(processor, list(range(96)), split="validation")
+
+
+def vision_probe(visual, heads, validation) -> dict[str, float]:
+    """Stage 1's heads on the validation images: kind / colour / background / centre accuracy of the
+    merged tokens. During stage 1 it is the curve; after stage 2 it shows what the VLM's training
+    left of stage 1 (the word rows the heads score against move with the language model)."""
     was_training = visual.training
     visual.eval()
     with torch.no_grad():
-        _, accuracy = dense_scores(visual, heads, *dense_batch(processor, list(range(96)), split="validation"))
+        _, accuracy = dense_scores(visual, heads, *validation)
     visual.train(was_training)
     return {k: round(v, 3) for k, v in accuracy.items()}
 
@@ -205,7 +210,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
-    validation = dense_batch(processor, list(range(96)), split="validation")
+    validation = vision_validation(processor)
     curve, start = [], time.time()
     visual.train()
     for step in range(1, steps + 1):
@@ -215,12 +220,8 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
         if step % max(1, eval_every) == 0 or step == steps:
-            with torch.no_grad():
-                visual.eval()
-                _, accuracy = dense_scores(visual, heads, *validation)
-                visual.train()
             row = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
-                   **{k: round(v, 3) for k, v in accuracy.items()}}
+                   **vision_probe(visual, heads, validation)}
             curve.append(row)
             print(json.dumps({"vision": row}), flush=True)
     return curve, heads
@@ -282,10 +283,11 @@ class ShapesStream(IterableDataset):
                 yield {"messages": as_described_messages(item) if as_text else as_messages(item), "fps": item["fps"]}
 
 
-def exact_match(model, collator, samples: list[dict]) -> torch.Tensor:
+def exact_match(model, collator, samples: list[dict], to_messages=as_messages) -> torch.Tensor:
     """(N,) bool: the answer (and its <|im_end|>) is each position's top token under teacher forcing,
-    which is what greedy decoding would produce."""
-    batch = collator([{"messages": as_messages(s), "fps": s["fps"]} for s in samples])
+    which is what greedy decoding would produce. `to_messages` turns a sample into its chat
+    (as_described_messages: the caption in place of the image)."""
+    batch = collator([{"messages": to_messages(s), "fps": s["fps"]} for s in samples])
     labels = batch.pop("labels")
     was_training = model.training
     model.eval()
@@ -403,7 +405,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
-    vision_after = vision_probe(model.model.visual, heads, processor) if heads is not None else None
+    vision_after = vision_probe(model.model.visual, heads, vision_validation(processor)) if heads is not None else None
     print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
     model.config.use_cache = True

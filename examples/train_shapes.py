@@ -326,23 +326,6 @@ class CurveLogger(TrainerCallback):
             print(json.dumps(row), flush=True)
 
 
-def stage_2_param_groups(model, lr: float, vision_lr_scale: float) -> list[dict]:
-    """Optimizer groups for stage 2: the vision tower and its merger at lr * vision_lr_scale, the rest
-    at lr. At scale 0 the tower is frozen (requires_grad off, so no backward pass through it at all).
-    Stage 1 never trains the DeepStack mergers (their outputs feed the decoder only), so they train
-    at the full rate with the language model, even when the tower is frozen."""
-    def in_tower(name: str) -> bool:
-        return name.startswith("model.visual.") and ".deepstack_merger_list." not in name
-
-    tower = [p for n, p in model.named_parameters() if in_tower(n)]
-    others = [p for n, p in model.named_parameters() if not in_tower(n)]
-    if vision_lr_scale == 0:
-        for param in tower:
-            param.requires_grad_(False)
-        return [{"params": others}]
-    return [{"params": others}, {"params": tower, "lr": lr * vision_lr_scale}]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -358,9 +341,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
     parser.add_argument("--vision-lr-scale", type=float, default=0.3,
-                        help="stage 2 learning rate of the vision tower and connector (not the DeepStack mergers), as "
-                             "a multiple of --lr (below 1 so the VLM's early gradients do not wash out what "
-                             "stage 1 taught; 0: frozen)")
+                        help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
+                             "(below 1 so the VLM's early gradients do not wash out what stage 1 taught; 0: frozen)")
     parser.add_argument("--vision-steps", type=int, default=4000,
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
@@ -406,8 +388,13 @@ def main() -> None:
         accelerator_config={"dispatch_batches": False},
     )
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale), lr=args.lr,
-                                  weight_decay=0.01, betas=(0.9, args.adam_beta2))
+    visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
+    others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    groups = [{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}]
+    if args.vision_lr_scale == 0:  # frozen: no gradients through the tower at all, not just no updates
+        model.model.visual.requires_grad_(False)
+        groups = groups[:1]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func=per_sample_loss if args.loss == "sample" else None,
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,

@@ -140,22 +140,3 @@ def test_probe_text_matching_sorts_truths_and_runs(tmp_path):
     log = json.loads((tmp_path / "curve.json").read_text())
     assert log["group"] == 4 and [row["step"] for row in log["curve"]] == [2, 4]
     assert all(0.0 <= row[key] <= 1.0 for row in log["curve"] for key in ("1_shapes", "3_shapes", "1_shapes/yes"))
-
-
-@pytest.mark.parametrize("scale", [0.0, 0.3])
-def test_train_shapes_stage_2_groups_freeze_the_tower_but_not_the_deepstack_mergers(tiny_tokenizer, scale):
-    train_shapes = load_example("train_shapes")
-    model, _ = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
-    groups = train_shapes.stage_2_param_groups(model, lr=1e-3, vision_lr_scale=scale)
-    names = {id(p): n for n, p in model.named_parameters()}
-    full_rate = {names[id(p)] for p in groups[0]["params"]}
-    deepstack = {n for n in names.values() if ".deepstack_merger_list." in n}
-    tower = {n for n in names.values() if n.startswith("model.visual.")} - deepstack
-    assert deepstack and tower and deepstack <= full_rate and not tower & full_rate
-    if scale == 0:  # frozen: one group, and no gradient reaches the tower
-        assert len(groups) == 1
-        assert {n for n, p in model.named_parameters() if not p.requires_grad} == tower
-    else:
-        assert groups[1]["lr"] == pytest.approx(3e-4) and {names[id(p)] for p in groups[1]["params"]} == tower
-        assert all(p.requires_grad for p in model.parameters())
-    assert full_rate | tower == set(names.values())  # every other parameter trains at the full rate

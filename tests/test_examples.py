@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from PIL import Image
 
 from vlmkit.cli import load
@@ -140,3 +141,44 @@ def test_probe_text_matching_sorts_truths_and_runs(tmp_path):
     log = json.loads((tmp_path / "curve.json").read_text())
     assert log["group"] == 4 and [row["step"] for row in log["curve"]] == [2, 4]
     assert all(0.0 <= row[key] <= 1.0 for row in log["curve"] for key in ("1_shapes", "3_shapes", "1_shapes/yes"))
+
+
+def test_ideal_tower_gives_each_cell_its_shapes_name_embeddings(tiny_tokenizer):
+    probe = load_example("probe_ideal_tower")
+    from vlmkit.data import KINDS, make_sample
+    from vlmkit.data.shapes import cell_labels
+
+    embed = torch.nn.Embedding(len(tiny_tokenizer), 16)
+    tower = probe.IdealTower(embed, tiny_tokenizer)
+    scenes = [make_sample(seed, task="caption", min_shapes=3, max_shapes=3)["scene"] for seed in (0, 1)]
+    tower.scenes = list(scenes)
+    tokens = tower(torch.zeros(1), torch.zeros(2, 3)).pooler_output
+    cells = [cell_labels(scene) for scene in scenes]
+    assert tokens.shape == (sum(c["kind"].size for c in cells), 16) and tower.scenes == []
+    kind = torch.cat([torch.from_numpy(c["kind"]).flatten() for c in cells])
+    colour = torch.cat([torch.from_numpy(c["colour"]).flatten() for c in cells])
+    first = int((kind < len(KINDS)).nonzero()[0])
+    expected = embed(tower.kind_ids[kind[first]]) + embed(tower.colour_ids[colour[first]])
+    assert torch.equal(tokens[first], expected)
+    assert torch.equal(tokens[kind == len(KINDS)], tower.background.expand(int((kind == len(KINDS)).sum()), -1))
+    with pytest.raises(ValueError, match="3 images in the batch but 0 scenes queued"):
+        tower(torch.zeros(1), torch.zeros(3, 3))
+
+
+def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_path):
+    probe = load_example("probe_ideal_tower")
+    single, grouped = probe.training_samples(3, 32, 1, (1, 5)), probe.training_samples(3, 32, 8, (1, 5))
+    assert [s["task"] for s in single] == [s["task"] for s in grouped] == [probe.TASKS[i % 3] for i in range(32)]
+    first_group = [s for s in grouped if s["task"] == "existence"][:8]
+    assert sorted(s["answer"] for s in first_group) == ["no"] * 4 + ["yes"] * 4
+    assert len({str(s["scene"]) for s in first_group}) == 1  # eight questions about one scene
+    for tower in ("ideal", "stage1"):
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
+                                 "--tower", tower, "--vision-steps", "2", "--batch-size", "6", "--steps", "2",
+                                 "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / f"{tower}.json")],
+                                capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        log = json.loads((tmp_path / f"{tower}.json").read_text())
+        assert log["tower"] == tower and [row["step"] for row in log["curve"]] == [1, 2]
+        assert len(log["vision_curve"]) == (2 if tower == "stage1" else 0)
+        assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in log["curve"] for task in probe.TASKS for n in (1, 3, 5))

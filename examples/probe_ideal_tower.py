@@ -1,0 +1,177 @@
+"""Is the language model or the vision tower what keeps the shipped model from reading multi-shape scenes?
+
+    python examples/probe_ideal_tower.py --json ideal.json                       # an ideal tower
+    python examples/probe_ideal_tower.py --group 8 --json ideal_group8.json      # existence as minimal pairs
+    python examples/probe_ideal_tower.py --tower stage1 --json stage1.json       # train_shapes.py's stage 1, frozen
+
+Trains a fresh copy of the shipped model's language model on colour, existence and count questions
+about images of 1-5 shapes, and prints every --eval-every steps the exact-match rate on validation
+scenes of one, three and five shapes.
+
+The visual tokens come from one of two towers, both frozen:
+- `ideal` reads them off the scene description. Every 32 px cell gets what `train_shapes.py`'s
+  stage 1 teaches the real tower to output: the language model's embeddings of its shape's colour and
+  kind added (" red" + " star"; the same labels as `vlmkit.data.shapes.cell_labels`), or a learned
+  background vector. No pixel is looked at. The embeddings are the language model's live ones, so
+  the tokens move with them.
+- `stage1` runs stage 1 of `train_shapes.py` (--vision-steps, dense name-scored labels), then freezes
+  the tower and its merger.
+
+If the language model learns a task over ideal tokens in a few hundred steps but not over the trained
+tower's, the tower is what to fix, and the other way round.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_shapes  # noqa: E402  (the example next to this one: tokenizer, model, stage 1, scoring)
+
+import vlmkit  # noqa: E402
+from vlmkit.data import COLOURS, KINDS, as_messages, existence_questions, make_sample  # noqa: E402
+from vlmkit.data.shapes import cell_labels  # noqa: E402
+from vlmkit.modeling.modeling_vlmkit import VLMKitVisualOutput  # noqa: E402
+from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
+
+TASKS = ("colour", "existence", "count")
+SHAPE_COUNTS = (1, 3, 5)
+
+
+class IdealTower(torch.nn.Module):
+    """Stands in for model.model.visual: per image, one token per 32 px cell, embed(colour) +
+    embed(kind) of the shape the cell shows, or a learned background vector. The scenes of the
+    images in the next forward are queued in `scenes` (the pixels are ignored)."""
+
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32):
+        super().__init__()
+        self.embed, self.cell, self.scenes = embed, cell, []
+        self.kind_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, KINDS)])
+        self.colour_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, COLOURS)])
+        self.background = torch.nn.Parameter(torch.randn(embed.embedding_dim) * embed.weight.std().item())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, **kwargs) -> VLMKitVisualOutput:
+        if len(self.scenes) != len(grid_thw):
+            raise ValueError(f"{len(grid_thw)} images in the batch but {len(self.scenes)} scenes queued")
+        tokens = []
+        for scene in self.scenes:
+            labels = cell_labels(scene, cell=self.cell)
+            kind = torch.from_numpy(labels["kind"]).flatten()  # (rows*cols,), row-major like the merged tokens
+            colour = torch.from_numpy(labels["colour"]).flatten()
+            on_shape = kind < len(KINDS)
+            cells = self.background.expand(len(kind), -1).clone()
+            cells[on_shape] = self.embed(self.kind_ids[kind[on_shape]]) + self.embed(self.colour_ids[colour[on_shape]])
+            tokens.append(cells)
+        self.scenes = []
+        return VLMKitVisualOutput(last_hidden_state=None, pooler_output=torch.cat(tokens), deepstack_features=None)
+
+
+def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int]) -> list[dict]:
+    """A batch of fresh samples, the tasks in turn. With `group` > 1, consecutive existence slots
+    take the `group` minimal-pair questions about one scene (`existence_questions`) one after the
+    other, so they share the batch and the task mix stays the same."""
+    samples, pending = [], []
+    for index in range(batch_size):
+        seed = 1_000_003 * (step + 1) + index
+        task = TASKS[index % len(TASKS)]
+        if task == "existence" and group > 1:
+            if not pending:
+                pending = existence_questions(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0],
+                                                          max_shapes=shapes[1]), seed, group)
+            samples.append(pending.pop(0))
+            continue
+        samples.append(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0], max_shapes=shapes[1]))
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tower", default="ideal", choices=["ideal", "stage1"])
+    parser.add_argument("--vision-steps", type=int, default=4000, help="stage 1 steps for --tower stage1")
+    parser.add_argument("--group", type=int, default=1, help="existence questions per scene, side by side (1 or even)")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--per-count", type=int, default=48, help="validation questions per task and shape count")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
+    parser.add_argument("--json", help="also write the curve here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    tokenizer = vlmkit.build_tokenizer(train_shapes.tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
+    model, processor = train_shapes.build_model_and_processor(tokenizer, args.smoke)
+    model.config.use_cache = False
+    vision_curve = []
+    if args.tower == "ideal":
+        model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer)
+    else:
+        vision_curve, _ = train_shapes.pretrain_vision(model, processor, args.vision_steps, args.batch_size, lr=5e-4,
+                                                       seed=0, eval_every=max(1, args.vision_steps // 4))
+        # the tower and its merger stay as stage 1 left them; the DeepStack mergers, which stage 1 never
+        # trains, learn with the language model rather than add fixed random features to its first layers
+        for name, param in model.model.visual.named_parameters():
+            param.requires_grad_("deepstack_merger_list" in name)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    collator = VLMKitDataCollator(processor)
+
+    def batch_of(samples: list[dict]) -> dict:
+        if isinstance(model.model.visual, IdealTower):
+            model.model.visual.scenes = [s["scene"] for s in samples]
+        return collator([{"messages": as_messages(s), "fps": s["fps"]} for s in samples])
+
+    validation = {(task, n): [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
+                              for i in range(args.per_count)] for task in TASKS for n in SHAPE_COUNTS}
+
+    def evaluate() -> dict[str, float]:
+        # the scenes must be queued batch by batch, so exact_match's own collation is not used
+        row, was_training = {}, model.training
+        model.eval()
+        with torch.no_grad():
+            for (task, count), samples in validation.items():
+                batch = batch_of(samples)
+                labels = batch.pop("labels")
+                predicted, targets = model(**batch).logits[:, :-1].argmax(-1), labels[:, 1:]
+                hits = ((predicted == targets) | (targets == train_shapes.IGNORE_INDEX)).all(dim=1)
+                row[f"{task}/{count}"] = round(hits.float().mean().item(), 3)
+        model.train(was_training)
+        return row
+
+    curve, start = [], time.time()
+    model.train()
+    for step in range(1, args.steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, step / 100)  # linear warm-up, then constant: a probe, not a recipe
+        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5)))
+        labels = batch.pop("labels")
+        loss = per_sample_loss(model(**batch), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            row = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
+                   **evaluate()}
+            curve.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
+                       "group": args.group, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                       "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

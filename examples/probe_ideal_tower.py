@@ -12,7 +12,8 @@ The visual tokens come from one of two towers, both frozen:
 - `ideal` reads them off the scene description. Every 32 px cell gets what `train_shapes.py`'s
   stage 1 teaches the real tower to output: the language model's embeddings of its shape's colour and
   kind added (" red" + " star"; the same labels as `vlmkit.data.shapes.cell_labels`), or a learned
-  background vector. No pixel is looked at. The embeddings are the language model's live ones, so
+  background vector, plus a learned vector where a shape's centre falls (stage 1's third label, which
+  tells one shape over several cells from several shapes). No pixel is looked at. The embeddings are the language model's live ones, so
   the tokens move with them.
 - `stage1` runs stage 1 of `train_shapes.py` (--vision-steps, dense name-scored labels), then freezes
   the tower and its merger.
@@ -44,8 +45,9 @@ SHAPE_COUNTS = (1, 3, 5)
 
 class IdealTower(torch.nn.Module):
     """Stands in for model.model.visual: per image, one token per 32 px cell, embed(colour) +
-    embed(kind) of the shape the cell shows, or a learned background vector. The scenes of the
-    images in the next forward are queued in `scenes` (the pixels are ignored)."""
+    embed(kind) of the shape the cell shows, or a learned background vector; plus a learned centre
+    vector in the cells where a shape's centre falls. The scenes of the images in the next forward
+    are queued in `scenes` (the pixels are ignored)."""
 
     def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32):
         super().__init__()
@@ -53,6 +55,7 @@ class IdealTower(torch.nn.Module):
         self.kind_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, KINDS)])
         self.colour_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, COLOURS)])
         self.background = torch.nn.Parameter(torch.randn(embed.embedding_dim) * embed.weight.std().item())
+        self.centre = torch.nn.Parameter(torch.randn(embed.embedding_dim) * embed.weight.std().item())
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,7 +72,7 @@ class IdealTower(torch.nn.Module):
             on_shape = kind < len(KINDS)
             cells = self.background.expand(len(kind), -1).clone()
             cells[on_shape] = self.embed(self.kind_ids[kind[on_shape]]) + self.embed(self.colour_ids[colour[on_shape]])
-            tokens.append(cells)
+            tokens.append(cells + torch.from_numpy(labels["centre"]).flatten()[:, None] * self.centre)
         self.scenes = []
         return VLMKitVisualOutput(last_hidden_state=None, pooler_output=torch.cat(tokens), deepstack_features=None)
 

@@ -157,10 +157,12 @@ def test_ideal_tower_gives_each_cell_its_shapes_name_embeddings(tiny_tokenizer):
     assert tokens.shape == (sum(c["kind"].size for c in cells), 16) and tower.scenes == []
     kind = torch.cat([torch.from_numpy(c["kind"]).flatten() for c in cells])
     colour = torch.cat([torch.from_numpy(c["colour"]).flatten() for c in cells])
-    first = int((kind < len(KINDS)).nonzero()[0])
-    expected = embed(tower.kind_ids[kind[first]]) + embed(tower.colour_ids[colour[first]])
-    assert torch.equal(tokens[first], expected)
-    assert torch.equal(tokens[kind == len(KINDS)], tower.background.expand(int((kind == len(KINDS)).sum()), -1))
+    centre = torch.cat([torch.from_numpy(c["centre"]).flatten() for c in cells]).bool()
+    assert int(centre.sum()) == 6  # three shapes in each image
+    names = embed(tower.kind_ids[kind.clamp(max=len(KINDS) - 1)]) + embed(tower.colour_ids[colour.clamp(max=len(COLOURS) - 1)])
+    expected = torch.where((kind < len(KINDS))[:, None], names, tower.background) + centre[:, None] * tower.centre
+    assert (kind < len(KINDS)).any() and (kind == len(KINDS)).any()
+    assert torch.allclose(tokens, expected, atol=0, rtol=0)
     with pytest.raises(ValueError, match="3 images in the batch but 0 scenes queued"):
         tower(torch.zeros(1), torch.zeros(3, 3))
 

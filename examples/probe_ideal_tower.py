@@ -99,6 +99,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tower", default="ideal", choices=["ideal", "stage1"])
     parser.add_argument("--vision-steps", type=int, default=4000, help="stage 1 steps for --tower stage1")
+    parser.add_argument("--stage1-cache", help="--tower stage1: load the stage-1 model from this file if it exists, "
+                                               "else save it there (stage 1 takes 17 minutes)")
     parser.add_argument("--group", type=int, default=1, help="existence questions per scene, side by side (1 or even)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -119,9 +121,19 @@ def main() -> None:
     vision_curve = []
     if args.tower == "ideal":
         model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer)
+    elif args.stage1_cache and os.path.exists(args.stage1_cache):
+        cached = torch.load(args.stage1_cache)
+        model.load_state_dict(cached["model"])
+        vision_curve = cached["vision_curve"]
+        if vision_curve[-1]["step"] != args.vision_steps:
+            raise ValueError(f"{args.stage1_cache} holds {vision_curve[-1]['step']} stage-1 steps, not --vision-steps "
+                             f"{args.vision_steps}")
     else:
         vision_curve, _ = train_shapes.pretrain_vision(model, processor, args.vision_steps, args.batch_size, lr=5e-4,
                                                        seed=0, eval_every=max(1, args.vision_steps // 4))
+        if args.stage1_cache:
+            torch.save({"model": model.state_dict(), "vision_curve": vision_curve}, args.stage1_cache)
+    if args.tower == "stage1":
         # the tower and its merger stay as stage 1 left them; the DeepStack mergers, which stage 1 never
         # trains, learn with the language model rather than add fixed random features to its first layers
         for name, param in model.model.visual.named_parameters():

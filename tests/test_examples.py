@@ -174,13 +174,18 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     first_group = [s for s in grouped if s["task"] == "existence"][:8]
     assert sorted(s["answer"] for s in first_group) == ["no"] * 4 + ["yes"] * 4
     assert len({str(s["scene"]) for s in first_group}) == 1  # eight questions about one scene
-    for tower in ("ideal", "stage1"):
+    logs = {}
+    # the second stage1 run loads the stage-1 model the first one cached
+    for run, tower in enumerate(("ideal", "stage1", "stage1")):
         result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
-                                 "--tower", tower, "--vision-steps", "2", "--batch-size", "6", "--steps", "2",
-                                 "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / f"{tower}.json")],
+                                 "--tower", tower, "--vision-steps", "2", "--stage1-cache", str(tmp_path / "stage1.pt"),
+                                 "--batch-size", "6", "--steps", "2", "--eval-every", "1", "--per-count", "2",
+                                 "--json", str(tmp_path / f"{run}.json")],
                                 capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
-        log = json.loads((tmp_path / f"{tower}.json").read_text())
-        assert log["tower"] == tower and [row["step"] for row in log["curve"]] == [1, 2]
-        assert len(log["vision_curve"]) == (2 if tower == "stage1" else 0)
-        assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in log["curve"] for task in probe.TASKS for n in (1, 3, 5))
+        assert ('"vision"' in result.stdout) == (run == 1)  # stage 1 trained once
+        logs[run] = json.loads((tmp_path / f"{run}.json").read_text())
+        assert logs[run]["tower"] == tower and [row["step"] for row in logs[run]["curve"]] == [1, 2]
+        assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in logs[run]["curve"] for task in probe.TASKS for n in (1, 3, 5))
+    assert logs[0]["vision_curve"] == [] and len(logs[1]["vision_curve"]) == 2
+    assert logs[2]["vision_curve"] == logs[1]["vision_curve"]

@@ -35,11 +35,12 @@ from .shapesworld import (
     render_scene,
     render_video,
     sample_seed,
+    scene_questions,
 )
 
 __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DESCRIBABLE_TASKS", "HELDOUT_COMBOS", "KINDS", "SEEN_COMBOS", "TASKS",
     "as_described_messages", "as_messages", "blank_like", "box_to_relative", "build_dataset", "caption_of", "content_hash",
     "existence_questions", "generate_split", "grade", "iou", "iter_samples", "majority_answers", "make_sample", "parse_box",
-    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "shapes", "shapesworld",
+    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "scene_questions", "shapes", "shapesworld",
 ]

@@ -539,24 +539,30 @@ def build_dataset(num_train: int, num_validation: int, num_test: int, seed: int 
     return DatasetDict(train=to_dataset(train), validation=to_dataset(validation), test=to_dataset(test))
 
 
-def as_messages(sample: dict, include_answer: bool = True) -> list[dict]:
+def as_messages(sample: dict, include_answer: bool = True, followups: Sequence[dict] = ()) -> list[dict]:
     """Hugging Face multimodal chat messages for a sample (or a dataset row): the user turn holds the image
     (or the video's frames) then the question; the assistant turn the answer (left out when
-    include_answer=False, for generation). The video's fps is sample["fps"]."""
+    include_answer=False, for generation). The video's fps is sample["fps"]. `followups` (samples about
+    the same image, `scene_questions`) continue the conversation, a user and an assistant turn each."""
     content: list[dict] = []
     if sample.get("video"):
         content.append({"type": "video", "video": list(sample["video"])})
     elif sample.get("image") is not None:
         content.append({"type": "image", "image": sample["image"]})
     content.append({"type": "text", "text": sample["question"]})
-    return _chat(content, sample["answer"] if include_answer else None)
+    return _chat(content, sample["answer"] if include_answer else None, followups)
 
 
-def _chat(user_content: list[dict], answer: str | None) -> list[dict]:
-    """A user turn, then the assistant's answer unless it is None."""
+def _chat(user_content: list[dict], answer: str | None, followups: Sequence[dict] = ()) -> list[dict]:
+    """A user turn, then the assistant's answer unless it is None, then a turn pair per follow-up."""
+    if followups and answer is None:
+        raise ValueError("follow-up questions need the first answer (include_answer=True)")
     messages = [{"role": "user", "content": user_content}]
     if answer is not None:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    for followup in followups:
+        messages.append({"role": "user", "content": [{"type": "text", "text": followup["question"]}]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": followup["answer"]}]})
     return messages
 
 
@@ -565,19 +571,20 @@ def _chat(user_content: list[dict], answer: str | None) -> list[dict]:
 DESCRIBABLE_TASKS: tuple[str, ...] = ("count", "colour", "existence")
 
 
-def as_described_messages(sample: dict, include_answer: bool = True) -> list[dict]:
+def as_described_messages(sample: dict, include_answer: bool = True, followups: Sequence[dict] = ()) -> list[dict]:
     """Text-only chat messages for a count, colour or existence sample: the scene's caption in place of
     the image, then the question ("A small red star on a plain background. Is there a red star?").
 
     The same matching the image questions need (find the shape named in the question, compare
     colour and kind) on words alone, which a language model trained from scratch learns far sooner
     than on visual tokens; see examples/train_shapes.py."""
-    if sample["task"] not in DESCRIBABLE_TASKS or sample.get("video"):
-        raise ValueError(f"a {sample['task']!r} sample cannot be answered from its caption; "
-                         f"describable tasks: {', '.join(DESCRIBABLE_TASKS)}")
+    for item in (sample, *followups):
+        if item["task"] not in DESCRIBABLE_TASKS or item.get("video"):
+            raise ValueError(f"a {item['task']!r} sample cannot be answered from its caption; "
+                             f"describable tasks: {', '.join(DESCRIBABLE_TASKS)}")
     description = caption_of(sample["scene"])
     text = f"{description[0].upper()}{description[1:]} {sample['question']}"
-    return _chat([{"type": "text", "text": text}], sample["answer"] if include_answer else None)
+    return _chat([{"type": "text", "text": text}], sample["answer"] if include_answer else None, followups)
 
 
 def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
@@ -623,6 +630,109 @@ def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
         questions.append(dict(sample, task="existence", template=template, answer="yes" if found else "no",
                               question=TEMPLATES["existence"][template].format(a_obj=_article(_name(combo))),
                               query={"colour": combo[0], "kind": combo[1], "present": found}))
+    return questions
+
+
+def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = TASKS) -> list[dict]:
+    """Up to `count` more questions about one image sample's scene, as samples sharing its image (task,
+    question, answer, query and template replaced), for a conversation that asks them one after
+    another (`as_messages(sample, followups=...)`).
+
+    Each is drawn like make_sample's question of its task, but from the scene as it is: a colour,
+    position or grounding question names a shape whose colour and kind are unique in the scene; a
+    count asks for all shapes, a kind or a colour (present or not); existence comes as a minimal pair,
+    the shape itself and one word off it (`existence_questions`); the caption is asked once. A
+    question whose text is already asked (the sample's own among them) is not repeated, so fewer than
+    `count` come back when the scene offers fewer. Videos get none (their one task is motion).
+
+    Asked together about one image, the questions cancel the answer prior within the sample ("yes"
+    and "no", "red" and "blue" about the same pixels), and every answer after the first reuses the
+    image's tokens: one image encoded, several answers learned. Deterministic in (sample, seed,
+    count, tasks); held-out colour-kind pairs are named only in held-out samples."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; choose from {TASKS}")
+    askable = [t for t in tasks if t != "motion"]
+    if sample.get("video") or sample.get("image") is None or not askable or not count:
+        return []
+    rng = np.random.default_rng([int(seed), int(count), 0x5CE7E])
+    scene = sample["scene"]
+    shapes = scene["shapes"]
+    combos = Counter((s["colour"], s["kind"]) for s in shapes)
+    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
+    unique = [s for s in shapes if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
+    margin = max(4, round(0.05 * min(scene["width"], scene["height"])))
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    def phrased(task: str, key: str, answer: str, query: dict, **fields) -> dict:
+        template = int(rng.integers(len(TEMPLATES[key])))
+        return dict(sample, task=task, template=template, answer=answer, query=query,
+                    question=TEMPLATES[key][template].format(**fields))
+
+    def ask(task: str) -> list[dict]:
+        if task == "caption":
+            return [phrased("caption", "caption", caption_of(scene), {})]
+        if task == "count":
+            variant = ("all", "kind", "colour")[int(rng.integers(3))]
+            if variant == "all":
+                return [phrased("count", "count_all", str(len(shapes)), {"variant": "all"})]
+            field = variant
+            # half the time a value in the scene, else any (so "0" is asked too)
+            present = sorted({s[field] for s in shapes})
+            value = pick(present) if rng.random() < 0.5 else pick(list(KINDS if field == "kind" else COLOURS))
+            if field == "colour" and not any((value, k) in allowed for k in KINDS):
+                return []
+            answer = str(sum(s[field] == value for s in shapes))
+            fields = {"kinds": PLURALS[value]} if field == "kind" else {"colour": value}
+            return [phrased("count", f"count_{variant}", answer, {"variant": variant, field: value}, **fields)]
+        if task == "colour":
+            kinds = Counter(s["kind"] for s in shapes)
+            options = [s for s in unique if kinds[s["kind"]] == 1]
+            if not options:
+                return []
+            shape = pick(options)
+            return [phrased("colour", "colour", shape["colour"], {"kind": shape["kind"]}, kind=shape["kind"])]
+        if task == "existence":
+            try:
+                return existence_questions(sample, int(rng.integers(2**31)), 2)
+            except ValueError:  # every one-word-off pair is held out: nothing to ask
+                return []
+        if task == "position":
+            pairs = [(a, b) for a in unique for b in unique
+                     if a is not b and relation(a["box"], b["box"], margin) is not None]
+            if not pairs:
+                return []
+            a, b = pick(pairs)
+            query = {"a": {"colour": a["colour"], "kind": a["kind"]}, "b": {"colour": b["colour"], "kind": b["kind"]}}
+            return [phrased("position", "position", relation(a["box"], b["box"], margin), query,
+                            a=f"{a['colour']} {a['kind']}", b=f"{b['colour']} {b['kind']}")]
+        if task == "grounding":
+            if not unique:
+                return []
+            shape = pick(unique)
+            box = format_box(box_to_relative(shape["box"], scene["width"], scene["height"]))
+            return [phrased("grounding", "grounding", box, {"colour": shape["colour"], "kind": shape["kind"]},
+                            obj=f"{shape['colour']} {shape['kind']}")]
+        raise AssertionError(task)
+
+    def key(item: dict) -> str:  # what a question asks, whatever its phrasing
+        query = {k: v for k, v in item["query"].items() if k != "present"}
+        return json.dumps([item["task"], query], sort_keys=True)
+
+    # tasks in turn, each round in a fresh order, so a conversation mixes them evenly
+    asked, questions = {key(sample)}, []
+    order = [t for _ in range(4 * count) for t in rng.permutation(askable)]
+    for task in order[:4 * count]:  # some draws come back empty or already asked
+        if len(questions) >= count:
+            break
+        for question in ask(str(task)):
+            if key(question) not in asked and len(questions) < count:
+                asked.add(key(question))
+                questions.append(question)
     return questions
 
 
@@ -673,7 +783,7 @@ def grade(task: str, prediction: str, answer: str, iou_threshold: float = 0.5) -
 __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
     "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_described_messages",
-    "as_messages", "blank_like", "existence_questions",
+    "as_messages", "blank_like", "existence_questions", "scene_questions",
     "box_to_relative", "build_dataset", "caption_of", "content_hash", "format_box", "generate_split", "grade",
     "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "relation",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed",

@@ -101,48 +101,52 @@ def test_heldout_combos_only_in_heldout_test(dataset):
     assert appeared == held
 
 
+def _assert_answer_matches_scene(sample):
+    """The sample's answer, recomputed from its scene by code independent of the generator's."""
+    task, scene, query, answer = sample["task"], sample["scene"], sample["query"], sample["answer"]
+    question, shapes = sample["question"], scene["shapes"]
+    assert 1 <= len(shapes) <= 5 and sample["image_size"] == (scene["width"], scene["height"])
+    if task == "count":
+        key = query["variant"]
+        expected = len(shapes) if key == "all" else sum(s[key] == query[key] for s in shapes)
+        assert answer == str(expected)
+        word = {"all": "", "kind": f"{query.get('kind')}s".replace("crosss", "crosses"),
+                "colour": query.get("colour")}
+        assert word[key] in question
+    elif task == "colour":
+        (target,) = [s for s in shapes if s["kind"] == query["kind"]]
+        assert answer == target["colour"] and query["kind"] in question
+    elif task == "existence":
+        present = any((s["colour"], s["kind"]) == (query["colour"], query["kind"]) for s in shapes)
+        assert answer == ("yes" if present else "no") and f"{query['colour']} {query['kind']}" in question
+    elif task == "position":
+        a, b = _one(scene, **query["a"]), _one(scene, **query["b"])
+        assert answer == _expected_relation(a, b)
+        assert f"{a['colour']} {a['kind']}" in question and f"{b['colour']} {b['kind']}" in question
+    elif task == "grounding":
+        target = _one(scene, query["colour"], query["kind"])
+        box = [int(v) for v in answer.strip("[]").split(", ")]
+        assert answer == "[{}, {}, {}, {}]".format(*box) and all(0 <= v <= 1000 for v in box)
+        w, h = scene["width"], scene["height"]
+        assert sw.iou(sw.relative_to_box(box, w, h), target["box"]) > 0.95
+        # the box is the drawn extent: pixels of the target's colour near it span exactly the box
+        x1, y1, x2, y2 = target["box"]
+        pixels = np.asarray(sample["image"])[max(0, y1 - 2):y2 + 2, max(0, x1 - 2):x2 + 2]
+        ys, xs = np.nonzero((pixels == sw.COLOURS[target["colour"]]).all(-1))
+        left, top = max(0, x1 - 2), max(0, y1 - 2)
+        assert [xs.min() + left, ys.min() + top, xs.max() + left + 1, ys.max() + top + 1] == target["box"]
+    elif task == "caption":
+        ordered = sorted(shapes, key=lambda s: (s["box"][0] + s["box"][2], s["box"][1] + s["box"][3]))
+        words = [f"a {s['size']} {s['colour']} {s['kind']}" for s in ordered]
+        listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+        assert answer == f"{listed} on a {scene['background']['type']} background."
+
+
 @pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
 def test_answers_match_scene(split, heldout):
     for seed in range(60):
         for task in ("caption", "count", "colour", "existence", "position", "grounding"):
-            sample = sw.make_sample(seed, task, split, heldout)
-            scene, query, answer, question = sample["scene"], sample["query"], sample["answer"], sample["question"]
-            shapes = scene["shapes"]
-            assert 1 <= len(shapes) <= 5 and sample["image_size"] == (scene["width"], scene["height"])
-            if task == "count":
-                key = query["variant"]
-                expected = len(shapes) if key == "all" else sum(s[key] == query[key] for s in shapes)
-                assert answer == str(expected)
-                word = {"all": "", "kind": f"{query.get('kind')}s".replace("crosss", "crosses"),
-                        "colour": query.get("colour")}
-                assert word[key] in question
-            elif task == "colour":
-                (target,) = [s for s in shapes if s["kind"] == query["kind"]]
-                assert answer == target["colour"] and query["kind"] in question
-            elif task == "existence":
-                present = any((s["colour"], s["kind"]) == (query["colour"], query["kind"]) for s in shapes)
-                assert answer == ("yes" if present else "no") and f"{query['colour']} {query['kind']}" in question
-            elif task == "position":
-                a, b = _one(scene, **query["a"]), _one(scene, **query["b"])
-                assert answer == _expected_relation(a, b)
-                assert f"{a['colour']} {a['kind']}" in question and f"{b['colour']} {b['kind']}" in question
-            elif task == "grounding":
-                target = _one(scene, query["colour"], query["kind"])
-                box = [int(v) for v in answer.strip("[]").split(", ")]
-                assert answer == "[{}, {}, {}, {}]".format(*box) and all(0 <= v <= 1000 for v in box)
-                w, h = scene["width"], scene["height"]
-                assert sw.iou(sw.relative_to_box(box, w, h), target["box"]) > 0.95
-                # the box is the drawn extent: pixels of the target's colour near it span exactly the box
-                x1, y1, x2, y2 = target["box"]
-                pixels = np.asarray(sample["image"])[max(0, y1 - 2):y2 + 2, max(0, x1 - 2):x2 + 2]
-                ys, xs = np.nonzero((pixels == sw.COLOURS[target["colour"]]).all(-1))
-                left, top = max(0, x1 - 2), max(0, y1 - 2)
-                assert [xs.min() + left, ys.min() + top, xs.max() + left + 1, ys.max() + top + 1] == target["box"]
-            elif task == "caption":
-                ordered = sorted(shapes, key=lambda s: (s["box"][0] + s["box"][2], s["box"][1] + s["box"][3]))
-                words = [f"a {s['size']} {s['colour']} {s['kind']}" for s in ordered]
-                listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-                assert answer == f"{listed} on a {scene['background']['type']} background."
+            _assert_answer_matches_scene(sw.make_sample(seed, task, split, heldout))
 
 
 def test_existence_balanced_and_answer_sets():
@@ -317,3 +321,52 @@ def test_existence_questions_are_minimal_pairs_answered_by_the_scene(split, held
     assert 70 <= first["yes"] <= 130
     with pytest.raises(ValueError, match="count must be even"):
         sw.existence_questions(sw.make_sample(0, "count"), 0, count=3)
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_scene_questions_are_answered_by_the_scene(split, heldout):
+    asked = Counter()
+    for seed in range(40):
+        for task in ("caption", "count", "colour", "existence", "position", "grounding"):
+            sample = sw.make_sample(seed, task, split, heldout)
+            questions = sw.scene_questions(sample, seed, 6)
+            assert [(q["question"], q["answer"]) for q in questions] == [
+                (q["question"], q["answer"]) for q in sw.scene_questions(sample, seed, 6)]
+            assert 1 <= len(questions) <= 6
+            for question in questions:
+                _assert_answer_matches_scene(question)
+                assert question["scene"] == sample["scene"] and question["image"] is sample["image"]
+                assert heldout or not _combos_involved(question["scene"], question["query"]) & set(sw.HELDOUT_COMBOS)
+                asked[question["task"]] += 1
+            # no question asked twice, in any phrasing, the sample's own included
+            queries = [json.dumps([q["task"], {k: v for k, v in q["query"].items() if k != "present"}], sort_keys=True)
+                       for q in [sample, *questions]]
+            assert len(set(queries)) == len(queries)
+            assert sum(q["task"] == "caption" for q in [sample, *questions]) <= 1
+    assert set(asked) == {"caption", "count", "colour", "existence", "position", "grounding"}
+    assert min(asked.values()) >= 60  # every task asked often
+    # only what the tasks allow; videos and count 0 get none
+    only = sw.scene_questions(sw.make_sample(3, "caption"), 3, 5, tasks=("colour", "count"))
+    assert {q["task"] for q in only} <= {"colour", "count"} and only
+    assert sw.scene_questions(sw.make_sample(3, "motion"), 3, 5) == []
+    assert sw.scene_questions(sw.make_sample(3, "count"), 3, 0) == []
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['size'\]"):
+        sw.scene_questions(sw.make_sample(3, "count"), 3, 2, tasks=("size",))
+
+
+def test_messages_with_followups_are_one_conversation():
+    sample = sw.make_sample(7, "colour")
+    followups = sw.scene_questions(sample, 7, 2, tasks=("count", "existence"))
+    messages = sw.as_messages(sample, followups=followups)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 3
+    assert messages[0]["content"][0] == {"type": "image", "image": sample["image"]}
+    assert messages[:2] == sw.as_messages(sample)  # the first turn is the sample as evaluated
+    for followup, (user, assistant) in zip(followups, zip(messages[2::2], messages[3::2])):
+        assert user["content"] == [{"type": "text", "text": followup["question"]}]
+        assert assistant["content"] == [{"type": "text", "text": followup["answer"]}]
+    described = sw.as_described_messages(sample, followups=followups)
+    assert described[:2] == sw.as_described_messages(sample) and described[2:] == messages[2:]
+    with pytest.raises(ValueError, match="'grounding' sample cannot be answered from its caption"):
+        sw.as_described_messages(sample, followups=sw.scene_questions(sample, 7, 1, tasks=("grounding",)))
+    with pytest.raises(ValueError, match="follow-up questions need the first answer"):
+        sw.as_messages(sample, include_answer=False, followups=followups)

@@ -7,14 +7,15 @@
   "vision", "connector" or "all", never matching the other tower, a Conv3d, an Embedding or a norm.
 - `set_trainable(model, components)` and `StagedTrainingCallback`: per-component freezing, and
   stages that switch the trained components during one run.
-- `per_sample_loss`: a `compute_loss_func` that weights samples, not tokens, equally.
+- `per_sample_loss`, `per_answer_loss`: `compute_loss_func`s that weight samples, or each sample's
+  answers (assistant turns), equally instead of tokens.
 """
 
 from .collator import IGNORE_INDEX, VLMKitDataCollator
 from .components import COMPONENTS, component_of, component_prefixes, connector_module_names
 from .freezing import StagedTrainingCallback, parameter_components, set_trainable, trainable_names
 from .lora import LORA_SCOPES, lora_target_modules, lora_target_names
-from .losses import per_sample_loss
+from .losses import per_answer_loss, per_sample_loss
 
 __all__ = [
     "COMPONENTS",
@@ -28,6 +29,7 @@ __all__ = [
     "lora_target_modules",
     "lora_target_names",
     "parameter_components",
+    "per_answer_loss",
     "per_sample_loss",
     "set_trainable",
     "trainable_names",

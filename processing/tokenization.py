@@ -29,16 +29,21 @@ MULTIMODAL_TOKENS = {
 }
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024, padding_side: str = "left") -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024, padding_side: str = "left",
+                    split_digits: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `texts`; Qwen's special tokens are single tokens with ids 0-7.
 
     eos is <|im_end|> (the end of a chat turn) and pad is <|endoftext|>; padding is on the left,
-    as batched generation needs.
+    as batched generation needs. `split_digits=True` makes every digit its own token, as Qwen's
+    tokenizers do ("[123, 456" -> "[", "1", "2", "3", ",", " ", "4", ...), so a number is always
+    spelled with the same ten tokens instead of whichever digit pairs the merges happened to learn.
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} is below the {256 + len(SPECIAL_TOKENS)} byte and special tokens")
     tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                               if split_digits else byte_level)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import make_processor
 from PIL import Image
-from transformers import AutoProcessor, Qwen3VLProcessor
+from transformers import AutoProcessor, AutoTokenizer, Qwen3VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 import vlmkit
@@ -132,3 +132,16 @@ def test_chat_template_marks_assistant_content_and_end_token(tiny_processor):
     rendered = tiny_processor.apply_chat_template(conversation[:1], add_generation_prompt=True, add_vision_id=True)
     assert rendered == ("<|im_start|>user\nPicture 1: <|vision_start|><|image_pad|><|vision_end|>what is in this "
                         "picture?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_build_tokenizer_can_spell_numbers_digit_by_digit(tmp_path):
+    corpus = ["[120, 345, 678, 1000]", "[12, 34, 560, 999]", "how many shapes are there? 3"] * 50
+    merged = vlmkit.build_tokenizer(corpus, vocab_size=300)
+    digits = vlmkit.build_tokenizer(corpus, vocab_size=300, split_digits=True)
+    text = "[120, 345, 678, 1000]"
+    assert any(len(t.lstrip("Ġ")) > 1 and t.lstrip("Ġ").isdigit() for t in merged.tokenize(text))  # merges learned digit runs
+    assert digits.tokenize(text) == ["[", "1", "2", "0", ",", "Ġ", "3", "4", "5", ",", "Ġ", "6", "7", "8", ",", "Ġ",
+                                     "1", "0", "0", "0", "]"]
+    assert digits.decode(digits(text)["input_ids"]) == text
+    digits.save_pretrained(tmp_path)  # the split survives saving: the saved tokenizer spells the same
+    assert AutoTokenizer.from_pretrained(tmp_path).tokenize(text) == digits.tokenize(text)

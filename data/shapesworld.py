@@ -640,14 +640,14 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
 
     Each is drawn like make_sample's question of its task, but from the scene as it is: a colour,
     position or grounding question names a shape whose colour and kind are unique in the scene; a
-    count asks for all shapes, a kind or a colour (present or not); existence comes as a minimal pair,
-    the shape itself and one word off it (`existence_questions`); the caption is asked once. A
+    count asks for all shapes, a kind or a colour (present or not); existence names a shape in the
+    scene or one word off one (`existence_questions`), by a coin, so that no answer follows from the
+    ones before it; the caption is asked once. A
     question whose text is already asked (the sample's own among them) is not repeated, so fewer than
     `count` come back when the scene offers fewer. Videos get none (their one task is motion).
 
-    Asked together about one image, the questions cancel the answer prior within the sample ("yes"
-    and "no", "red" and "blue" about the same pixels), and every answer after the first reuses the
-    image's tokens: one image encoded, several answers learned. Deterministic in (sample, seed,
+    Asked together about one image, the questions share the image's tokens (one image encoded,
+    several answers learned), and only reading each question tells their answers apart. Deterministic in (sample, seed,
     count, tasks); held-out colour-kind pairs are named only in held-out samples."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
@@ -697,8 +697,8 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
             shape = pick(options)
             return [phrased("colour", "colour", shape["colour"], {"kind": shape["kind"]}, kind=shape["kind"])]
         if task == "existence":
-            try:
-                return existence_questions(sample, int(rng.integers(2**31)), 2)
+            try:  # one of a minimal pair: "yes" or "no" by a coin, so one answer never gives away the next
+                return [pick(existence_questions(sample, int(rng.integers(2**31)), 2))]
             except ValueError:  # every one-word-off pair is held out: nothing to ask
                 return []
         if task == "position":

@@ -39,11 +39,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    existence_questions, make_sample,
+    existence_questions, make_sample, scene_questions,
 )
 from vlmkit.data.shapes import cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
-from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_sample_loss
+from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
 
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
@@ -51,12 +51,14 @@ CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
 LEVEL_TASKS = (("count", "colour", "existence", "motion"), TASKS, TASKS)
 
 
-def tokenizer_corpus(num_samples: int = 4000) -> list[str]:
+def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[str]:
     texts = [phrase for phrases in TEMPLATES.values() for phrase in phrases]
     for i in range(num_samples):
         sample = make_sample(i, task=TASKS[i % len(TASKS)])
         texts += [sample["question"], sample["answer"]]
     texts += [f"<{t / 10:.1f} seconds>" for t in range(0, 100)]
+    if role_words:  # the chat template's role lines, as often as turns: one token each, not 4 and 8 letters
+        texts += ["user\n", "assistant\n"] * num_samples
     return texts
 
 
@@ -238,14 +240,18 @@ class ShapesStream(IterableDataset):
 
     With `existence_group` > 1, the first of every that many existence slots gives that many
     minimal-pair questions about one scene (`existence_questions`), side by side so they share a
-    batch, and the others give none: the task mix stays the same."""
+    batch, and the others give none: the task mix stays the same.
+
+    With `followups` > 0, every image sample becomes a conversation: its own question first (as the
+    evaluation asks it), then that many more about the same image (`scene_questions`, from the
+    tasks of the sample's curriculum level; describable ones when it is given as text)."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
-                 text_samples: int = 0, text_every: int = 0, existence_group: int = 1):
+                 text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
-        self.text_every, self.existence_group = text_every, existence_group
+        self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -263,6 +269,7 @@ class ShapesStream(IterableDataset):
             if index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
                 task, level, as_text = self.text_tasks[index % len(self.text_tasks)], 1, True
+                tasks = self.text_tasks
             else:
                 i = index - self.text_samples
                 level = 0 if self.smoke else self.difficulty(i)
@@ -280,7 +287,10 @@ class ShapesStream(IterableDataset):
             else:
                 items = [make_sample(seed, task=task, **sample_options)]
             for item in items:
-                yield {"messages": as_described_messages(item) if as_text else as_messages(item), "fps": item["fps"]}
+                to_messages = as_described_messages if as_text else as_messages
+                followups = scene_questions(item, seed, self.followups,
+                                            [t for t in tasks if t in DESCRIBABLE_TASKS] if as_text else tasks)
+                yield {"messages": to_messages(item, followups=followups), "fps": item["fps"]}
 
 
 def exact_match(model, collator, samples: list[dict], to_messages=as_messages) -> torch.Tensor:
@@ -330,12 +340,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3200)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="samples (conversations, with --followups) per step")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--loss", default="sample", choices=["sample", "token"],
-                        help="weigh samples equally (per_sample_loss) or tokens (the model's own loss)")
+    parser.add_argument("--loss", default="sample", choices=["sample", "answer", "token"],
+                        help="weigh samples equally (per_sample_loss), answers (per_answer_loss: each turn of "
+                             "a conversation) or tokens (the model's own loss)")
     parser.add_argument("--eval-every", type=int, default=250, help="steps between validation probes (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -347,6 +358,7 @@ def main() -> None:
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
     parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
+    parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
     parser.add_argument("--text-steps", type=int, default=400,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
     parser.add_argument("--text-every", type=int, default=4,
@@ -354,26 +366,54 @@ def main() -> None:
     parser.add_argument("--existence-group", type=int, default=1,
                         help="existence comes as this many questions about one scene side by side, half naming a "
                              "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
+    parser.add_argument("--followups", type=int, default=0,
+                        help="each image sample is a conversation: its question, then this many more about the "
+                             "same image (scene_questions; 0: one question per sample)")
+    parser.add_argument("--stage1-cache", help="load stage 1's model from this file if it exists, else run stage 1 and "
+                                                 "save it there (for stage-2 variants over one stage 1)")
+    parser.add_argument("--word-tokenizer", action="store_true",
+                        help="a BPE of up to 1024 tokens that learns the role names too, digits split: every "
+                             "ShapesWorld word, \"user\" and \"assistant\" one token (the default 512 spells "
+                             "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter"),
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.batch_size, args.warmup, args.eval_every = 20, 4, 2, 10
+        args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
         args.vision_steps, args.text_steps = 10, 4  # the smoke run checks every stage
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     start = time.time()
-    tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
+    words = args.word_tokenizer
+    tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000, role_words=words),
+                                       vocab_size=1024 if words else 512, split_digits=words)
     model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
 
-    vision_curve, heads = [], None
-    if args.vision_steps:
+    vision_curve, heads, vision_minutes = [], None, 0.0
+    from_cache = bool(args.vision_steps and args.stage1_cache and os.path.exists(args.stage1_cache))
+    if from_cache:
+        # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
+        cached = torch.load(args.stage1_cache)
+        if cached["vision_steps"] != args.vision_steps or len(cached["model"]["model.language_model.embed_tokens.weight"]) != model.config.text_config.vocab_size:
+            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab "
+                             f"{len(cached['model']['model.language_model.embed_tokens.weight'])}, not --vision-steps "
+                             f"{args.vision_steps} at vocab {model.config.text_config.vocab_size}")
+        model.load_state_dict(cached["model"])
+        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size)
+        heads.load_state_dict(cached["heads"])
+        vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
+        print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
+    elif args.vision_steps:
         vision_start = time.time()
-        vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.batch_size, args.vision_lr, args.seed,
+        vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every)
-        print(f"stage 1 (vision): {args.vision_steps} steps in {(time.time() - vision_start) / 60:.1f} min")
+        vision_minutes = (time.time() - vision_start) / 60
+        print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
+        if args.stage1_cache:
+            torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
+                        "vision_steps": args.vision_steps, "minutes": vision_minutes}, args.stage1_cache)
 
     tasks = tuple(args.tasks.split(","))
     collator = VLMKitDataCollator(processor)
@@ -396,13 +436,13 @@ def main() -> None:
         groups = groups[:1]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
-                      compute_loss_func=per_sample_loss if args.loss == "sample" else None,
+                      compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
                                                  text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
-                                                 existence_group=args.existence_group),
+                                                 existence_group=args.existence_group, followups=args.followups),
                       callbacks=[curve])
     trainer.train()
-    minutes = (time.time() - start) / 60
+    minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
     vision_after = vision_probe(model.model.visual, heads, vision_validation(processor)) if heads is not None else None
@@ -412,12 +452,12 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(args.out)
     processor.save_pretrained(args.out)
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
-        json.dump({"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
+        json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "vision_lr": args.vision_lr,
+                   "vision_steps": args.vision_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
-                   "existence_group": args.existence_group,
-                   "minutes": round(minutes, 1),
+                   "existence_group": args.existence_group, "followups": args.followups,
+                   "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.text_steps} text + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -123,6 +124,30 @@ def test_train_shapes_stream_groups_existence_as_minimal_pairs_and_keeps_the_tas
     later = grouped[320:]
     assert 0.15 <= sum(r["as_text"] for r in later) / len(later) <= 0.25
     assert abs(sum(r["as_text"] for r in single[320:]) - sum(r["as_text"] for r in later)) <= 8
+
+
+def test_train_shapes_stream_asks_followups_about_the_same_image():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=2400, seed=0, smoke=False, text_samples=48, text_every=4)
+    plain = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs)), 400))
+    talks = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, followups=3)), 400))
+    one_word = {*map(str, range(9)), *COLOURS, "yes", "no"}
+    lengths = Counter()
+    for index, (single, talk) in enumerate(zip(plain, talks)):
+        messages = talk["messages"]
+        assert messages[:2] == single["messages"]  # the first turn is the sample the evaluation asks
+        assert [m["role"] for m in messages] == ["user", "assistant"] * (len(messages) // 2)
+        followups = (len(messages) - 2) // 2
+        lengths[followups] += 1
+        is_video = messages[0]["content"][0]["type"] == "video"
+        assert followups == (0 if is_video else 3) or not is_video and 1 <= followups < 3
+        for user, assistant in zip(messages[2::2], messages[3::2]):
+            assert [c["type"] for c in user["content"]] == ["text"]  # the image is shown once
+            # the text warm-up and the first curriculum level (the first 25% of image samples) ask only
+            # one-word tasks; the warm-up only ones its caption answers
+            if index < 48 + 600:
+                assert assistant["content"][0]["text"] in one_word
+    assert lengths[3] >= 300
 
 
 def test_probe_text_matching_sorts_truths_and_runs(tmp_path):

@@ -15,7 +15,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
     train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
-                            "--existence-group", "4"],
+                            "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
@@ -34,6 +34,11 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     after = log["vision_after_stage_2"]
     assert set(after) == {"kind", "colour", "background", "centre"} and all(0.0 <= v <= 1.0 for v in after.values())
     assert log["existence_group"] == 4
+    # every image sample a conversation: its question, then 2 more about the same image, each answer weighing the
+    # same; one token per word and per role name, digits split
+    assert log["followups"] == 2 and log["loss"] == "answer" and log["batch_size"] == 4 and log["word_tokenizer"]
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    assert {"user", "assistant", "Ġpurple"} <= set(tokenizer["model"]["vocab"])
     assert {"config.json", "model.safetensors", "processor_config.json", "tokenizer.json"} <= set(os.listdir(out))
     assert not (out / "trainer").exists()
 

@@ -118,6 +118,11 @@ CURRICULUM: tuple[dict, ...] = (
 )
 
 
+def _position_margin(width: int, height: int) -> int:
+    """How far apart (px) two shapes must be along one axis for a position question about them."""
+    return max(4, round(0.05 * min(width, height)))
+
+
 class _Retry(Exception):
     """The scene could not be laid out; draw again (from the same generator, so still deterministic)."""
 
@@ -129,7 +134,7 @@ class _Context:
                                                     opts["max_aspect"])
         short = min(self.width, self.height)
         self.gap, self.margin = max(3, round(0.03 * short)), 2
-        self.position_margin = max(4, round(0.05 * short))
+        self.position_margin = _position_margin(self.width, self.height)
         self.lo, self.hi = opts["min_shapes"], opts["max_shapes"]
 
     def n_shapes(self, at_least: int = 1) -> int:
@@ -642,13 +647,14 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
     position or grounding question names a shape whose colour and kind are unique in the scene; a
     count asks for all shapes, a kind or a colour (present or not); existence names a shape in the
     scene or one word off one (`existence_questions`), by a coin, so that no answer follows from the
-    ones before it; the caption is asked once. A
-    question whose text is already asked (the sample's own among them) is not repeated, so fewer than
-    `count` come back when the scene offers fewer. Videos get none (their one task is motion).
+    ones before it. Nothing already asked (the sample's own question among them) is asked again in
+    any phrasing, so the caption comes at most once and fewer than `count` come back when the scene
+    offers fewer. Videos get none (their one task is motion).
 
     Asked together about one image, the questions share the image's tokens (one image encoded,
-    several answers learned), and only reading each question tells their answers apart. Deterministic in (sample, seed,
-    count, tasks); held-out colour-kind pairs are named only in held-out samples."""
+    several answers learned), and only reading each question tells their answers apart.
+    Deterministic in (sample, seed, count, tasks); held-out colour-kind pairs are named only in
+    held-out samples."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     unknown = [t for t in tasks if t not in TASKS]
@@ -663,7 +669,7 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
     combos = Counter((s["colour"], s["kind"]) for s in shapes)
     allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
     unique = [s for s in shapes if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
-    margin = max(4, round(0.05 * min(scene["width"], scene["height"])))
+    margin = _position_margin(scene["width"], scene["height"])
 
     def pick(options):
         return options[int(rng.integers(len(options)))]
@@ -680,15 +686,13 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
             variant = ("all", "kind", "colour")[int(rng.integers(3))]
             if variant == "all":
                 return [phrased("count", "count_all", str(len(shapes)), {"variant": "all"})]
-            field = variant
-            # half the time a value in the scene, else any (so "0" is asked too)
-            present = sorted({s[field] for s in shapes})
-            value = pick(present) if rng.random() < 0.5 else pick(list(KINDS if field == "kind" else COLOURS))
-            if field == "colour" and not any((value, k) in allowed for k in KINDS):
-                return []
-            answer = str(sum(s[field] == value for s in shapes))
-            fields = {"kinds": PLURALS[value]} if field == "kind" else {"colour": value}
-            return [phrased("count", f"count_{variant}", answer, {"variant": variant, field: value}, **fields)]
+            # half the time a value in the scene, else any (so "0" is asked too); every colour and kind has
+            # seen pairs, so naming one alone never names a held-out pair
+            present = sorted({s[variant] for s in shapes})
+            value = pick(present) if rng.random() < 0.5 else pick(list(KINDS if variant == "kind" else COLOURS))
+            answer = str(sum(s[variant] == value for s in shapes))
+            fields = {"kinds": PLURALS[value]} if variant == "kind" else {"colour": value}
+            return [phrased("count", f"count_{variant}", answer, {"variant": variant, variant: value}, **fields)]
         if task == "colour":
             kinds = Counter(s["kind"] for s in shapes)
             options = [s for s in unique if kinds[s["kind"]] == 1]
@@ -702,13 +706,13 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
             except ValueError:  # every one-word-off pair is held out: nothing to ask
                 return []
         if task == "position":
-            pairs = [(a, b) for a in unique for b in unique
-                     if a is not b and relation(a["box"], b["box"], margin) is not None]
+            related = [(a, b, relation(a["box"], b["box"], margin)) for a in unique for b in unique if a is not b]
+            pairs = [pair for pair in related if pair[2] is not None]
             if not pairs:
                 return []
-            a, b = pick(pairs)
+            a, b, where = pick(pairs)
             query = {"a": {"colour": a["colour"], "kind": a["kind"]}, "b": {"colour": b["colour"], "kind": b["kind"]}}
-            return [phrased("position", "position", relation(a["box"], b["box"], margin), query,
+            return [phrased("position", "position", where, query,
                             a=f"{a['colour']} {a['kind']}", b=f"{b['colour']} {b['kind']}")]
         if task == "grounding":
             if not unique:

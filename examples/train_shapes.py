@@ -396,10 +396,10 @@ def main() -> None:
     if from_cache:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
-        if cached["vision_steps"] != args.vision_steps or len(cached["model"]["model.language_model.embed_tokens.weight"]) != model.config.text_config.vocab_size:
-            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab "
-                             f"{len(cached['model']['model.language_model.embed_tokens.weight'])}, not --vision-steps "
-                             f"{args.vision_steps} at vocab {model.config.text_config.vocab_size}")
+        cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
+        if (cached["vision_steps"], cached_vocab) != (args.vision_steps, vocab):
+            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab {cached_vocab}, "
+                             f"not --vision-steps {args.vision_steps} at vocab {vocab}")
         model.load_state_dict(cached["model"])
         heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size)
         heads.load_state_dict(cached["heads"])

@@ -62,3 +62,28 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
                           capture_output=True, text=True, timeout=600, env=ENV)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert demo.stdout.count("truth:") == 7 and "correct in" in demo.stdout
+
+
+@pytest.mark.slow
+def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
+    cache = tmp_path / "stage1.pt"
+
+    def train(*extra):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out",
+                                 str(out), "--stage1-cache", str(cache), *extra],
+                                capture_output=True, text=True, timeout=600, env=ENV)
+        return result, out
+
+    first, out = train()
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert cache.exists()
+    second, again = train()
+    assert second.returncode == 0, second.stderr[-3000:]
+    ran, loaded = (json.loads((path / "training_log.json").read_text()) for path in (out, again))
+    assert not ran["stage1_from_cache"] and loaded["stage1_from_cache"]
+    assert loaded["vision_curve"] == ran["vision_curve"] and loaded["stage1_minutes"] == ran["stage1_minutes"]
+    assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
+    mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
+    assert mismatch.returncode != 0
+    assert "holds 10 stage-1 steps at vocab 512, not --vision-steps 10 at vocab 640" in mismatch.stderr

@@ -544,17 +544,20 @@ def build_dataset(num_train: int, num_validation: int, num_test: int, seed: int 
     return DatasetDict(train=to_dataset(train), validation=to_dataset(validation), test=to_dataset(test))
 
 
-def as_messages(sample: dict, include_answer: bool = True, followups: Sequence[dict] = ()) -> list[dict]:
+def as_messages(sample: dict, include_answer: bool = True, followups: Sequence[dict] = (),
+                question_first: bool = False) -> list[dict]:
     """Hugging Face multimodal chat messages for a sample (or a dataset row): the user turn holds the image
-    (or the video's frames) then the question; the assistant turn the answer (left out when
-    include_answer=False, for generation). The video's fps is sample["fps"]. `followups` (samples about
-    the same image, `scene_questions`) continue the conversation, a user and an assistant turn each."""
+    (or the video's frames) then the question (`question_first`: the question, then the image); the
+    assistant turn the answer (left out when include_answer=False, for generation). The video's fps is
+    sample["fps"]. `followups` (samples about the same image, `scene_questions`) continue the
+    conversation, a user and an assistant turn each."""
     content: list[dict] = []
     if sample.get("video"):
         content.append({"type": "video", "video": list(sample["video"])})
     elif sample.get("image") is not None:
         content.append({"type": "image", "image": sample["image"]})
-    content.append({"type": "text", "text": sample["question"]})
+    question = {"type": "text", "text": sample["question"]}
+    content = [question, *content] if question_first else [*content, question]
     return _chat(content, sample["answer"] if include_answer else None, followups)
 
 

@@ -3,6 +3,7 @@
     python examples/probe_ideal_tower.py --json ideal.json                       # an ideal tower
     python examples/probe_ideal_tower.py --group 8 --json ideal_group8.json      # existence as minimal pairs
     python examples/probe_ideal_tower.py --tower stage1 --json stage1.json       # train_shapes.py's stage 1, frozen
+    python examples/probe_ideal_tower.py --question-first --json ideal_qf.json   # the question before the image
 
 Trains a fresh copy of the shipped model's language model on colour, existence and count questions
 about images of 1-5 shapes, and prints every --eval-every steps the exact-match rate on validation
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--per-count", type=int, default=48, help="validation questions per task and shape count")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--question-first", action="store_true",
+                        help="the question before the image in the user turn, so the visual tokens can attend to it")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
     parser.add_argument("--json", help="also write the curve here")
     args = parser.parse_args()
@@ -145,7 +148,8 @@ def main() -> None:
     def batch_of(samples: list[dict]) -> dict:
         if isinstance(model.model.visual, IdealTower):
             model.model.visual.scenes = [s["scene"] for s in samples]
-        return collator([{"messages": as_messages(s), "fps": s["fps"]} for s in samples])
+        return collator([{"messages": as_messages(s, question_first=args.question_first), "fps": s["fps"]}
+                          for s in samples])
 
     validation = {(task, n): [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
                               for i in range(args.per_count)] for task in TASKS for n in SHAPE_COUNTS}
@@ -184,7 +188,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
-                       "group": args.group, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                       "group": args.group, "question_first": args.question_first, "steps": args.steps,
+                       "batch_size": args.batch_size, "lr": args.lr,
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 
 

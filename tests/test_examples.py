@@ -205,12 +205,12 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
         result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
                                  "--tower", tower, "--vision-steps", "2", "--stage1-cache", str(tmp_path / "stage1.pt"),
                                  "--batch-size", "6", "--steps", "2", "--eval-every", "1", "--per-count", "2",
-                                 "--json", str(tmp_path / f"{run}.json")],
+                                 "--json", str(tmp_path / f"{run}.json"), *(["--question-first"] if run == 0 else [])],
                                 capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
         assert ('"vision"' in result.stdout) == (run == 1)  # stage 1 trained once
         logs[run] = json.loads((tmp_path / f"{run}.json").read_text())
-        assert logs[run]["tower"] == tower and [row["step"] for row in logs[run]["curve"]] == [1, 2]
+        assert logs[run]["tower"] == tower and logs[run]["question_first"] == (run == 0) and [row["step"] for row in logs[run]["curve"]] == [1, 2]
         assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in logs[run]["curve"] for task in probe.TASKS for n in (1, 3, 5))
     assert logs[0]["vision_curve"] == [] and len(logs[1]["vision_curve"]) == 2
     assert logs[2]["vision_curve"] == logs[1]["vision_curve"]

@@ -218,6 +218,7 @@ def test_messages_blank_and_majority(dataset):
     assert messages[0]["content"][0] == {"type": "image", "image": image_sample["image"]}
     assert messages[0]["content"][1] == {"type": "text", "text": image_sample["question"]}
     assert messages[1]["content"] == [{"type": "text", "text": image_sample["answer"]}]
+    assert sw.as_messages(image_sample, question_first=True)[0]["content"] == messages[0]["content"][::-1]
     video_messages = sw.as_messages(video_sample, include_answer=False)
     assert len(video_messages) == 1 and video_messages[0]["content"][0]["type"] == "video"
     assert len(video_messages[0]["content"][0]["video"]) == len(video_sample["video"])

@@ -244,13 +244,23 @@ class ShapesStream(IterableDataset):
 
     With `followups` > 0, every image sample becomes a conversation: its own question first (as the
     evaluation asks it), then that many more about the same image (`scene_questions`, from the
-    tasks of the sample's curriculum level; describable ones when it is given as text)."""
+    tasks of the sample's curriculum level; describable ones when it is given as text).
+
+    With `opening_samples` > 0, that many image samples come between the text samples and the
+    curriculum: `opening_tasks` in turn, on full scenes, never as text (what
+    examples/probe_ideal_tower.py trains, where colour and existence reach 88-100% on 1-5 shapes).
+    The curriculum then runs over `total_samples` as without them."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
-                 text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0):
+                 text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
+                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = ("colour", "existence", "count")):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
+        self.opening_samples, self.opening_tasks = opening_samples, tuple(opening_tasks)
+        if opening_samples and not set(self.opening_tasks) <= set(TASKS):
+            raise ValueError(f"opening tasks {', '.join(sorted(set(self.opening_tasks) - set(TASKS)))} are not "
+                             f"ShapesWorld tasks ({', '.join(TASKS)})")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
 
     def difficulty(self, index: int) -> int:
@@ -270,8 +280,14 @@ class ShapesStream(IterableDataset):
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
                 task, level, as_text = self.text_tasks[index % len(self.text_tasks)], 1, True
                 tasks = self.text_tasks
-            else:
+            elif index < self.text_samples + self.opening_samples:
                 i = index - self.text_samples
+                seed += 9_000_000  # seeds of its own: the curriculum's samples stay those of a run without it
+                tasks, level, as_text = self.opening_tasks, len(CURRICULUM) - 1, False
+                task = tasks[i % len(tasks)]
+            else:
+                i = index - self.text_samples - self.opening_samples
+                seed -= self.opening_samples
                 level = 0 if self.smoke else self.difficulty(i)
                 tasks = [t for t in self.tasks if t in LEVEL_TASKS[level]] or self.tasks
                 task = tasks[i % len(tasks)]
@@ -281,7 +297,7 @@ class ShapesStream(IterableDataset):
                 slot, existence_slots = existence_slots, existence_slots + 1
                 if slot % group:
                     continue  # filled by the group that opened at slot - slot % group
-                if index >= self.text_samples:  # counted in groups: every group would otherwise fall on a text round
+                if index >= self.text_samples + self.opening_samples:  # counted in groups: every group would otherwise fall on a text round
                     as_text = bool(self.text_every) and (slot // group) % self.text_every == 0
                 items = existence_questions(make_sample(seed, task=task, **sample_options), seed, group)
             else:
@@ -363,6 +379,11 @@ def main() -> None:
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
     parser.add_argument("--text-every", type=int, default=4,
                         help="after them, one round of the tasks in this many gives describable samples as text (0: never)")
+    parser.add_argument("--opening-steps", type=int, default=0,
+                        help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
+                             "curriculum (probe_ideal_tower.py's mix)")
+    parser.add_argument("--opening-tasks", default="colour,existence,count")
+    parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
     parser.add_argument("--existence-group", type=int, default=1,
                         help="existence comes as this many questions about one scene side by side, half naming a "
                              "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
@@ -419,8 +440,8 @@ def main() -> None:
     collator = VLMKitDataCollator(processor)
     curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.text_steps + args.steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type="cosine", weight_decay=0.01,
+        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.text_steps + args.opening_steps + args.steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type=args.lr_schedule, weight_decay=0.01,
         logging_steps=max(1, args.steps // 100), save_strategy="no", report_to=[], use_cpu=True,
         remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
         # accelerate's batch dispatcher (its default for iterable datasets) slices every tensor to the
@@ -439,7 +460,9 @@ def main() -> None:
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
                                                  text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
-                                                 existence_group=args.existence_group, followups=args.followups),
+                                                 existence_group=args.existence_group, followups=args.followups,
+                                                 opening_samples=args.opening_steps * args.batch_size,
+                                                 opening_tasks=tuple(args.opening_tasks.split(","))),
                       callbacks=[curve])
     trainer.train()
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
@@ -457,9 +480,10 @@ def main() -> None:
                    "vision_steps": args.vision_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
+                   "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
-    print(f"trained {args.text_steps} text + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
+    print(f"trained {args.text_steps} text + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 
 
 if __name__ == "__main__":

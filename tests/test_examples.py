@@ -126,6 +126,23 @@ def test_train_shapes_stream_groups_existence_as_minimal_pairs_and_keeps_the_tas
     assert abs(sum(r["as_text"] for r in single[320:]) - sum(r["as_text"] for r in later)) <= 8
 
 
+def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=2400, seed=0, smoke=False, text_samples=32, text_every=4)
+    plain = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs)), 400))
+    opened = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, opening_samples=96)), 496))
+    assert opened[:32] == plain[:32] and opened[128:] == plain[32:]  # text warm-up and curriculum unchanged
+    answers = [row["messages"][1]["content"][0]["text"] for row in opened[32:128]]
+    for i, (row, answer) in enumerate(zip(opened[32:128], answers)):
+        assert row["messages"][0]["content"][0]["type"] == "image"  # shown, never described
+        expected = (COLOURS, ("yes", "no"), tuple(map(str, range(9))))[i % 3]
+        assert answer in expected, (i, answer)
+    # full scenes: counts of three and more, where the curriculum's first level has at most two shapes
+    assert max(map(int, answers[2::3])) >= 3
+    with pytest.raises(ValueError, match="opening tasks spelling are not ShapesWorld tasks"):
+        train_shapes.ShapesStream(**kwargs, opening_samples=8, opening_tasks=("colour", "spelling"))
+
+
 def test_train_shapes_stream_asks_followups_about_the_same_image():
     train_shapes = load_example("train_shapes")
     kwargs = dict(total_samples=2400, seed=0, smoke=False, text_samples=48, text_every=4)

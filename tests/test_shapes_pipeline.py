@@ -15,15 +15,18 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
     train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
-                            "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer"],
+                            "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
+                            "--opening-steps", "2", "--lr-schedule", "constant_with_warmup"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
-    # 4 text-only steps open stage 2 (described scenes), then 20 with images; validation probes every
-    # 10 steps and at the end: exact match per task, with the image and with a blank one
+    # 4 text-only steps open stage 2 (described scenes), 2 of the opening tasks, then 20 of the curriculum;
+    # validation probes every 10 steps and at the end: exact match per task, with the image and with a blank one
     assert log["text_steps"] == 4 and log["text_every"] == 4
-    assert [e["step"] for e in log["evals"]] == [10, 20, 24]
+    assert log["opening_steps"] == 2 and log["opening_tasks"] == "colour,existence,count"
+    assert log["lr_schedule"] == "constant_with_warmup"
+    assert [e["step"] for e in log["evals"]] == [10, 20, 26]
     tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
     assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))
     # stage 1 (dense per-token supervision of the vision tower): 10 steps, one validation probe

@@ -40,7 +40,7 @@ from vlmkit.data.shapes import cell_labels  # noqa: E402
 from vlmkit.modeling.modeling_vlmkit import VLMKitVisualOutput  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
-TASKS = ("colour", "existence", "count")
+TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)
 
 

@@ -49,6 +49,8 @@ from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, p
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
 CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
 LEVEL_TASKS = (("count", "colour", "existence", "motion"), TASKS, TASKS)
+# What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
+OPENING_TASKS = ("colour", "existence", "count")
 
 
 def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[str]:
@@ -253,7 +255,7 @@ class ShapesStream(IterableDataset):
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
-                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = ("colour", "existence", "count")):
+                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
@@ -297,7 +299,8 @@ class ShapesStream(IterableDataset):
                 slot, existence_slots = existence_slots, existence_slots + 1
                 if slot % group:
                     continue  # filled by the group that opened at slot - slot % group
-                if index >= self.text_samples + self.opening_samples:  # counted in groups: every group would otherwise fall on a text round
+                # counted in groups: every group would otherwise fall on a text round
+                if index >= self.text_samples + self.opening_samples:
                     as_text = bool(self.text_every) and (slot // group) % self.text_every == 0
                 items = existence_questions(make_sample(seed, task=task, **sample_options), seed, group)
             else:
@@ -382,7 +385,8 @@ def main() -> None:
     parser.add_argument("--opening-steps", type=int, default=0,
                         help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
                              "curriculum (probe_ideal_tower.py's mix)")
-    parser.add_argument("--opening-tasks", default="colour,existence,count")
+    parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
+                        help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
     parser.add_argument("--existence-group", type=int, default=1,
                         help="existence comes as this many questions about one scene side by side, half naming a "
@@ -395,7 +399,7 @@ def main() -> None:
     parser.add_argument("--word-tokenizer", action="store_true",
                         help="a BPE of up to 1024 tokens that learns the role names too, digits split: every "
                              "ShapesWorld word, \"user\" and \"assistant\" one token (the default 512 spells "
-                             "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter"),
+                             "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     if args.smoke:

@@ -355,6 +355,33 @@ class CurveLogger(TrainerCallback):
             print(json.dumps(row), flush=True)
 
 
+def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_scale: float) -> list[dict]:
+    """Optimizer groups for stage 2: the language model at lr, the vision tower and its merger at
+    lr * vision_lr_scale, the DeepStack mergers at lr * deepstack_lr_scale. A scale of 0 freezes its
+    parameters (requires_grad off, so no backward pass reaches them at all, not just no update).
+
+    Stage 1 never trains the DeepStack mergers (their outputs feed only the decoder), so over a
+    frozen stage-1 tower they would add fixed random projections to the first layers' visual
+    positions; examples/probe_ideal_tower.py --tower stage1 trains them at the full rate."""
+    def part(name: str) -> str:
+        if not name.startswith("model.visual."):
+            return "text"
+        return "deepstack" if ".deepstack_merger_list." in name else "tower"
+
+    scales = {"text": 1.0, "tower": vision_lr_scale, "deepstack": deepstack_lr_scale}
+    params: dict[str, list] = {key: [] for key in scales}
+    for name, param in model.named_parameters():
+        params[part(name)].append(param)
+    groups = []
+    for key, scale in scales.items():
+        if scale == 0:
+            for param in params[key]:
+                param.requires_grad_(False)
+        elif params[key]:
+            groups.append({"params": params[key], "lr": lr * scale})
+    return groups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -373,6 +400,9 @@ def main() -> None:
     parser.add_argument("--vision-lr-scale", type=float, default=0.3,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
                              "(below 1 so the VLM's early gradients do not wash out what stage 1 taught; 0: frozen)")
+    parser.add_argument("--deepstack-lr-scale", type=float, default=None,
+                        help="stage 2 learning rate of the DeepStack mergers, as a multiple of --lr (default: "
+                             "--vision-lr-scale's; stage 1 never trains them, so 1 lets them learn over a frozen tower)")
     parser.add_argument("--vision-steps", type=int, default=4000,
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
@@ -453,13 +483,9 @@ def main() -> None:
         accelerator_config={"dispatch_batches": False},
     )
     model.config.use_cache = False
-    visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
-    others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
-    groups = [{"params": others}, {"params": visual, "lr": args.lr * args.vision_lr_scale}]
-    if args.vision_lr_scale == 0:  # frozen: no gradients through the tower at all, not just no updates
-        model.model.visual.requires_grad_(False)
-        groups = groups[:1]
-    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
+    deepstack_scale = args.vision_lr_scale if args.deepstack_lr_scale is None else args.deepstack_lr_scale
+    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, deepstack_scale),
+                                  lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
@@ -482,7 +508,7 @@ def main() -> None:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
-                   "vision_lr_scale": args.vision_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
+                   "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,

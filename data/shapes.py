@@ -311,34 +311,84 @@ def iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
 # --------------------------------------------------------------------------------- dense labels
 
 
-def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:
-    """Per-cell targets for dense supervision of a vision tower whose tokens each see `cell` px
-    (patch 16 x merge 2 = 32), row-major like its merged tokens: (rows, cols) int64 arrays
-    "kind" (index into KINDS, len(KINDS) for background), "colour" (index into COLOURS, len(COLOURS)
-    for background) and "centre" (1 where a shape's box centre falls in the cell).
-
-    A cell shows the shape whose box overlaps it most, if that overlap covers at least `min_share` of
-    the cell or of the shape's box (so a small shape split across cells still labels its largest
-    pieces); otherwise it is background.
-    """
+def cell_owners(scene: dict, cell: int = 32, min_share: float = 0.25) -> np.ndarray:
+    """(rows, cols) int64: the index in scene["shapes"] of the shape each `cell` px cell shows, or -1
+    for background. A cell shows the shape whose box overlaps it most, if that overlap covers at least
+    `min_share` of the cell or of the shape's box (so a small shape split across cells still claims its
+    largest pieces)."""
     width, height = scene["width"], scene["height"]
     if width % cell or height % cell:
         raise ValueError(f"image {width}x{height} is not a multiple of the {cell} px cell")
     rows, cols = height // cell, width // cell
-    kind = np.full((rows, cols), len(KINDS), dtype=np.int64)
-    colour = np.full((rows, cols), len(COLOURS), dtype=np.int64)
-    centre_mask = np.zeros((rows, cols), dtype=np.int64)
-    colour_index = {name: i for i, name in enumerate(COLOURS)}
+    owner = np.full((rows, cols), -1, dtype=np.int64)
     edges_x, edges_y = np.arange(cols + 1) * cell, np.arange(rows + 1) * cell
     best = np.zeros((rows, cols))
-    for shape in scene["shapes"]:
+    for index, shape in enumerate(scene["shapes"]):
         x1, y1, x2, y2 = shape["box"]
         overlap_x = np.clip(np.minimum(edges_x[1:], x2) - np.maximum(edges_x[:-1], x1), 0, None)  # (cols,)
         overlap_y = np.clip(np.minimum(edges_y[1:], y2) - np.maximum(edges_y[:-1], y1), 0, None)  # (rows,)
         overlap = overlap_y[:, None] * overlap_x[None, :]  # (rows, cols) px^2
         enough = overlap >= min_share * min(cell * cell, (x2 - x1) * (y2 - y1))
         wins = enough & (overlap > best)
-        kind[wins], colour[wins], best[wins] = KINDS.index(shape["kind"]), colour_index[shape["colour"]], overlap[wins]
+        owner[wins], best[wins] = index, overlap[wins]
+    return owner
+
+
+def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:
+    """Per-cell targets for dense supervision of a vision tower whose tokens each see `cell` px
+    (patch 16 x merge 2 = 32), row-major like its merged tokens: (rows, cols) int64 arrays
+    "kind" (index into KINDS, len(KINDS) for background), "colour" (index into COLOURS, len(COLOURS)
+    for background) and "centre" (1 where a shape's box centre falls in the cell). Which shape a cell
+    shows: `cell_owners`.
+    """
+    owner = cell_owners(scene, cell, min_share)
+    rows, cols = owner.shape
+    colour_index = {name: i for i, name in enumerate(COLOURS)}
+    kinds = np.array([KINDS.index(s["kind"]) for s in scene["shapes"]] + [len(KINDS)], dtype=np.int64)
+    colours = np.array([colour_index[s["colour"]] for s in scene["shapes"]] + [len(COLOURS)], dtype=np.int64)
+    centre_mask = np.zeros((rows, cols), dtype=np.int64)
+    for shape in scene["shapes"]:
         cx, cy = centre(shape["box"])
         centre_mask[min(int(cy // cell), rows - 1), min(int(cx // cell), cols - 1)] = 1
-    return {"kind": kind, "colour": colour, "centre": centre_mask}
+    return {"kind": kinds[owner], "colour": colours[owner], "centre": centre_mask}  # owner -1: the background entry
+
+
+def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:
+    """What else a cell's token could carry so that a question about the scene needs one look-up, not
+    a computation over many tokens (the targets of a structured tower; `cell_labels` has kind, colour
+    and centre). Per `cell` px cell, row-major (rows, cols) arrays, the shape being the one the cell
+    shows (`cell_owners`):
+
+    - "total": how many shapes the scene holds (every cell, background too);
+    - "colour_count" / "kind_count": how many shapes share the shape's colour / kind (0 on
+      background, which is also the answer when the question's colour or kind is absent);
+    - "size": 0 small, 1 large, 2 background;
+    - "rank": the shape's place in the caption's left-to-right order (`caption_of`), len(shapes)
+      on background;
+    - "background": the scene's background type, index into BACKGROUNDS (every cell);
+    - "where": (rows, cols, 2) float, the cell's centre as a fraction of the image's width and height;
+    - "box": (rows, cols, 4) float, the shape's box as a fraction of the image (x1, y1, x2, y2: the
+      relative 0-1000 box over 1000), 0 on background.
+    """
+    owner = cell_owners(scene, cell, min_share)
+    rows, cols = owner.shape
+    shapes, width, height = scene["shapes"], scene["width"], scene["height"]
+    colours = [s["colour"] for s in shapes]
+    kinds = [s["kind"] for s in shapes]
+    order = sorted(range(len(shapes)), key=lambda i: (shapes[i]["centre"][0], shapes[i]["centre"][1]))
+
+    def per_shape(values, background) -> np.ndarray:  # values of shape i at owner i, background at -1
+        return np.array([*values, background])[owner]
+
+    where = np.stack(np.meshgrid((np.arange(rows) + 0.5) / rows, (np.arange(cols) + 0.5) / cols, indexing="ij")[::-1], -1)
+    boxes = [[s["box"][0] / width, s["box"][1] / height, s["box"][2] / width, s["box"][3] / height] for s in shapes]
+    return {
+        "total": np.full((rows, cols), len(shapes), dtype=np.int64),
+        "colour_count": per_shape([colours.count(c) for c in colours], 0).astype(np.int64),
+        "kind_count": per_shape([kinds.count(k) for k in kinds], 0).astype(np.int64),
+        "size": per_shape([SIZES.index(s["size"]) for s in shapes], len(SIZES)).astype(np.int64),
+        "rank": per_shape([order.index(i) for i in range(len(shapes))], len(shapes)).astype(np.int64),
+        "background": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
+        "where": where,  # (rows, cols, 2): x, y
+        "box": np.array([*boxes, [0.0] * 4], dtype=np.float64)[owner],  # (rows, cols, 4)
+    }

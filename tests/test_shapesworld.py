@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vlmkit.data import shapesworld as sw
-from vlmkit.data.shapes import cell_labels
+from vlmkit.data.shapes import cell_attributes, cell_labels, cell_owners
 
 RELATIONS = {"left", "right", "above", "below"}
 
@@ -274,6 +274,34 @@ def test_cell_labels_follow_the_largest_overlap():
     assert labels["centre"].tolist() == [[1, 0, 0], [0, 1, 0]]  # centres (12, 12) and (60, 44)
     with pytest.raises(ValueError, match="100x64 is not a multiple of the 32 px cell"):
         cell_labels({**scene, "width": 100}, cell=32)
+
+
+def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
+    # three shapes on a 96 x 64 image (2 rows x 3 cols of 32 px cells): two blue, two stars
+    scene = {"width": 96, "height": 64, "background": {"type": "checkered"}, "shapes": [
+        {"kind": "star", "colour": "blue", "size": "small", "box": [68, 4, 92, 28], "centre": [80, 16]},
+        {"kind": "circle", "colour": "blue", "size": "large", "box": [40, 24, 80, 64], "centre": [60, 44]},
+        {"kind": "star", "colour": "red", "size": "small", "box": [4, 36, 28, 60], "centre": [16, 48]},
+    ]}
+    # the circle wins (1, 1) and (1, 2); its 16 x 8 corner of (0, 2) loses to the star's 24 x 24
+    assert cell_owners(scene).tolist() == [[-1, -1, 0], [2, 1, 1]]
+    cells = cell_attributes(scene)
+    assert cells["total"].tolist() == [[3, 3, 3], [3, 3, 3]]
+    assert cells["colour_count"].tolist() == [[0, 0, 2], [1, 2, 2]]
+    assert cells["kind_count"].tolist() == [[0, 0, 2], [2, 1, 1]]
+    assert cells["size"].tolist() == [[2, 2, 0], [0, 1, 1]]
+    # left to right by centre x: red star (16), blue circle (60), blue star (80); background 3
+    assert cells["rank"].tolist() == [[3, 3, 2], [0, 1, 1]]
+    assert cells["background"].tolist() == [[sw.BACKGROUNDS.index("checkered")] * 3] * 2
+    assert cells["where"].tolist() == [[[1 / 6, 0.25], [0.5, 0.25], [5 / 6, 0.25]],
+                                       [[1 / 6, 0.75], [0.5, 0.75], [5 / 6, 0.75]]]
+    assert cells["box"][0, 2].tolist() == [68 / 96, 4 / 64, 92 / 96, 28 / 64]
+    assert cells["box"][1, 1].tolist() == cells["box"][1, 2].tolist() == [40 / 96, 24 / 64, 80 / 96, 1.0]
+    assert cells["box"][0, 0].tolist() == [0.0] * 4
+    # the owners are cell_labels' too
+    labels = cell_labels(scene)
+    assert labels["kind"].tolist() == [[len(sw.KINDS)] * 2 + [sw.KINDS.index("star")],
+                                       [sw.KINDS.index("star"), sw.KINDS.index("circle"), sw.KINDS.index("circle")]]
 
 
 def test_described_messages_put_the_caption_in_place_of_the_image():

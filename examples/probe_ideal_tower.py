@@ -21,6 +21,17 @@ The visual tokens come from one of two towers, both frozen:
 
 If the language model learns a task over ideal tokens in a few hundred steps but not over the trained
 tower's, the tower is what to fix, and the other way round.
+
+`--features count,layout` adds to the ideal tokens what a structured tower could also be taught to
+put there (`vlmkit.data.shapes.cell_attributes`), each through a learned table or linear map: `count`
+the scene's shape count on every cell and, on a shape's cells, how many shapes share its colour and
+its kind (0 on background); `layout` the cell's place in the image, the shape's box, size and
+left-to-right rank, and the background type. `--tasks` trains other ShapesWorld image tasks too
+(position, grounding, caption); grounding is scored as the mean IoU of the teacher-forced box.
+
+    python examples/probe_ideal_tower.py --group 8 --features count --json ideal_count.json
+    python examples/probe_ideal_tower.py --group 8 --features count,layout \
+        --tasks colour,existence,count,position,grounding,caption --json ideal_all.json
 """
 
 import argparse
@@ -35,13 +46,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_shapes  # noqa: E402  (the example next to this one: tokenizer, model, stage 1, scoring)
 
 import vlmkit  # noqa: E402
-from vlmkit.data import COLOURS, KINDS, as_messages, existence_questions, make_sample  # noqa: E402
-from vlmkit.data.shapes import cell_labels  # noqa: E402
+from vlmkit.cli import answer_samples  # noqa: E402
+from vlmkit.data import BACKGROUNDS, COLOURS, KINDS, as_messages, existence_questions, make_sample  # noqa: E402
+from vlmkit.data.shapes import SIZES, cell_attributes, cell_labels, iou, parse_box  # noqa: E402
 from vlmkit.modeling.modeling_vlmkit import VLMKitVisualOutput  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
-SHAPE_COUNTS = (1, 3, 5)
+SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
+FEATURES = ("count", "layout")
+MAX_SHAPES = 5
 
 
 class IdealTower(torch.nn.Module):
@@ -50,13 +64,32 @@ class IdealTower(torch.nn.Module):
     vector in the cells where a shape's centre falls. The scenes of the images in the next forward
     are queued in `scenes` (the pixels are ignored)."""
 
-    def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32):
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32, features: tuple[str, ...] = ()):
         super().__init__()
-        self.embed, self.cell, self.scenes = embed, cell, []
+        unknown = sorted(set(features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"unknown feature group(s) {unknown}; choose from {', '.join(FEATURES)}")
+        self.embed, self.cell, self.scenes, self.features = embed, cell, [], tuple(features)
         self.kind_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, KINDS)])
         self.colour_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, COLOURS)])
-        self.background = torch.nn.Parameter(torch.randn(embed.embedding_dim) * embed.weight.std().item())
-        self.centre = torch.nn.Parameter(torch.randn(embed.embedding_dim) * embed.weight.std().item())
+        width, scale = embed.embedding_dim, embed.weight.std().item()
+        self.background = torch.nn.Parameter(torch.randn(width) * scale)
+        self.centre = torch.nn.Parameter(torch.randn(width) * scale)
+
+        def table(rows: int) -> torch.nn.Embedding:
+            rows_ = torch.nn.Embedding(rows, width)
+            torch.nn.init.normal_(rows_.weight, std=scale)
+            return rows_
+
+        # the structured tower's extras, by cell_attributes' names: learned tables (classes) or maps (floats)
+        self.extras = torch.nn.ModuleDict()
+        if "count" in self.features:
+            self.extras.update(dict(total=table(MAX_SHAPES + 1), colour_count=table(MAX_SHAPES + 1),
+                                    kind_count=table(MAX_SHAPES + 1)))
+        if "layout" in self.features:
+            self.extras.update(dict(size=table(len(SIZES) + 1), rank=table(MAX_SHAPES + 1),
+                                    background=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
+                                    box=torch.nn.Linear(4, width, bias=False)))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,19 +106,27 @@ class IdealTower(torch.nn.Module):
             on_shape = kind < len(KINDS)
             cells = self.background.expand(len(kind), -1).clone()
             cells[on_shape] = self.embed(self.kind_ids[kind[on_shape]]) + self.embed(self.colour_ids[colour[on_shape]])
-            tokens.append(cells + torch.from_numpy(labels["centre"]).flatten()[:, None] * self.centre)
+            cells = cells + torch.from_numpy(labels["centre"]).flatten()[:, None] * self.centre
+            if len(self.extras):
+                attributes = cell_attributes(scene, cell=self.cell)
+                for name, module in self.extras.items():
+                    value = torch.from_numpy(attributes[name])
+                    value = value.flatten() if value.dtype == torch.int64 else value.flatten(0, 1).float()  # (rows*cols[, k])
+                    cells = cells + module(value).to(cells.dtype)
+            tokens.append(cells)
         self.scenes = []
         return VLMKitVisualOutput(last_hidden_state=None, pooler_output=torch.cat(tokens), deepstack_features=None)
 
 
-def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int]) -> list[dict]:
+def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int],
+                     tasks: tuple[str, ...] = TASKS) -> list[dict]:
     """A batch of fresh samples, the tasks in turn. With `group` > 1, consecutive existence slots
     take the `group` minimal-pair questions about one scene (`existence_questions`) one after the
     other, so they share the batch and the task mix stays the same."""
     samples, pending = [], []
     for index in range(batch_size):
         seed = 1_000_003 * (step + 1) + index
-        task = TASKS[index % len(TASKS)]
+        task = tasks[index % len(tasks)]
         if task == "existence" and group > 1:
             if not pending:
                 pending = existence_questions(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0],
@@ -111,9 +152,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--question-first", action="store_true",
                         help="the question before the image in the user turn, so the visual tokens can attend to it")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated image tasks to train and score, in turn")
+    parser.add_argument("--features", default="", help=f"--tower ideal: comma-separated extras ({', '.join(FEATURES)})")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
     parser.add_argument("--json", help="also write the curve here")
     args = parser.parse_args()
+    tasks, features = tuple(args.tasks.split(",")), tuple(f for f in args.features.split(",") if f)
+    if "motion" in tasks or not set(tasks) <= set(train_shapes.IMAGE_TASKS):
+        raise ValueError(f"--tasks takes image tasks ({', '.join(train_shapes.IMAGE_TASKS)}), got {args.tasks}")
+    if features and args.tower != "ideal":
+        raise ValueError("--features adds to the ideal tower's tokens: use it with --tower ideal")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,7 +171,7 @@ def main() -> None:
     model.config.use_cache = False
     vision_curve = []
     if args.tower == "ideal":
-        model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer)
+        model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer, features=features)
     elif args.stage1_cache and os.path.exists(args.stage1_cache):
         cached = torch.load(args.stage1_cache)
         model.load_state_dict(cached["model"])
@@ -152,7 +200,15 @@ def main() -> None:
                           for s in samples])
 
     validation = {(task, n): [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
-                              for i in range(args.per_count)] for task in TASKS for n in SHAPE_COUNTS}
+                              for i in range(args.per_count)] for task in tasks for n in SHAPE_COUNTS}
+
+    def greedy_answers(samples: list[dict]) -> list[str]:
+        texts = []
+        for i in range(0, len(samples), 16):
+            if isinstance(model.model.visual, IdealTower):
+                model.model.visual.scenes = [s["scene"] for s in samples[i:i + 16]]
+            texts += answer_samples(model, processor, samples[i:i + 16], max_new_tokens=24)
+        return texts
 
     def evaluate() -> dict[str, float]:
         # the scenes must be queued batch by batch, so exact_match's own collation is not used
@@ -160,6 +216,11 @@ def main() -> None:
         model.eval()
         with torch.no_grad():
             for (task, count), samples in validation.items():
+                if task == "grounding":  # greedy boxes: teacher forcing credits a model that copies its input
+                    scores = [iou(parse_box(text), parse_box(s["answer"]))
+                              for text, s in zip(greedy_answers(samples), samples)]
+                    row[f"{task}/{count}"] = round(sum(scores) / len(scores), 3)
+                    continue
                 batch = batch_of(samples)
                 labels = batch.pop("labels")
                 predicted, targets = model(**batch).logits[:, :-1].argmax(-1), labels[:, 1:]
@@ -173,7 +234,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 100)  # linear warm-up, then constant: a probe, not a recipe
-        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5)))
+        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), tasks))
         labels = batch.pop("labels")
         loss = per_sample_loss(model(**batch), labels)
         loss.backward()
@@ -189,7 +250,7 @@ def main() -> None:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
                        "group": args.group, "question_first": args.question_first, "steps": args.steps,
-                       "batch_size": args.batch_size, "lr": args.lr,
+                       "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "features": list(features),
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 
 

@@ -209,6 +209,31 @@ def test_ideal_tower_gives_each_cell_its_shapes_name_embeddings(tiny_tokenizer):
         tower(torch.zeros(1), torch.zeros(3, 3))
 
 
+def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokenizer):
+    probe = load_example("probe_ideal_tower")
+    from vlmkit.data import make_sample
+    from vlmkit.data.shapes import cell_attributes
+
+    embed = torch.nn.Embedding(len(tiny_tokenizer), 16)
+    plain, structured = (probe.IdealTower(embed, tiny_tokenizer, features=f) for f in ((), ("count", "layout")))
+    structured.load_state_dict(plain.state_dict(), strict=False)  # same background and centre vectors
+    scenes = [make_sample(seed, task="caption", min_shapes=2, max_shapes=4)["scene"] for seed in (3, 4)]
+    plain.scenes, structured.scenes = list(scenes), list(scenes)
+    base = plain(torch.zeros(1), torch.zeros(2, 3)).pooler_output
+    tokens = structured(torch.zeros(1), torch.zeros(2, 3)).pooler_output
+    cells = [cell_attributes(scene) for scene in scenes]
+    extras = structured.extras
+    expected = base.clone()
+    for name in ("total", "colour_count", "kind_count", "size", "rank", "background"):
+        expected += extras[name](torch.cat([torch.from_numpy(c[name]).flatten() for c in cells]))
+    for name, width in (("where", 2), ("box", 4)):
+        expected += extras[name](torch.cat([torch.from_numpy(c[name]).reshape(-1, width) for c in cells]).float())
+    assert sorted(extras) == ["background", "box", "colour_count", "kind_count", "rank", "size", "total", "where"]
+    assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
+    with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['colour'\]; choose from count, layout"):
+        probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))
+
+
 def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_path):
     probe = load_example("probe_ideal_tower")
     single, grouped = probe.training_samples(3, 32, 1, (1, 5)), probe.training_samples(3, 32, 8, (1, 5))
@@ -231,3 +256,32 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
         assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in logs[run]["curve"] for task in probe.TASKS for n in (1, 3, 5))
     assert logs[0]["vision_curve"] == [] and len(logs[1]["vision_curve"]) == 2
     assert logs[2]["vision_curve"] == logs[1]["vision_curve"]
+    # structured extras and other tasks; grounding is scored as the mean IoU of greedy boxes
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
+                             "--features", "count,layout", "--tasks", "position,grounding", "--batch-size", "4",
+                             "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = json.loads((tmp_path / "f.json").read_text())
+    assert log["features"] == ["count", "layout"] and log["tasks"] == ["position", "grounding"]
+    assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding")
+                                                                              for n in probe.SHAPE_COUNTS])
+
+
+@pytest.mark.parametrize("tower_scale, deepstack_scale", [(0.0, 1.0), (0.3, 0.3), (0.1, 0.0)])
+def test_train_shapes_stage_2_groups_scale_the_tower_and_the_deepstack_mergers_apart(
+        tiny_tokenizer, tower_scale, deepstack_scale):
+    train_shapes = load_example("train_shapes")
+    model, _ = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    groups = train_shapes.stage_2_param_groups(model, lr=1e-3, vision_lr_scale=tower_scale,
+                                               deepstack_lr_scale=deepstack_scale)
+    names = {id(p): n for n, p in model.named_parameters()}
+    deepstack = {n for n in names.values() if ".deepstack_merger_list." in n}
+    tower = {n for n in names.values() if n.startswith("model.visual.")} - deepstack
+    text = set(names.values()) - tower - deepstack
+    assert deepstack and tower and text
+    rate = {n: 1e-3 for n in text} | {n: 1e-3 * tower_scale for n in tower} | {n: 1e-3 * deepstack_scale for n in deepstack}
+    grouped = {names[id(p)]: group["lr"] for group in groups for p in group["params"]}
+    assert grouped == pytest.approx({n: r for n, r in rate.items() if r})  # frozen parts are in no group
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == (tower if tower_scale == 0 else set()) | (deepstack if deepstack_scale == 0 else set())

@@ -368,7 +368,9 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
     - "background": the scene's background type, index into BACKGROUNDS (every cell);
     - "where": (rows, cols, 2) float, the cell's centre as a fraction of the image's width and height;
     - "box": (rows, cols, 4) float, the shape's box as a fraction of the image (x1, y1, x2, y2: the
-      relative 0-1000 box over 1000), 0 on background.
+      relative 0-1000 box over 1000), 0 on background;
+    - "box_digits": (rows, cols, 12) int, the digits a grounding answer writes: hundreds (0-10),
+      tens and ones of each relative coordinate (`box_to_relative`), x1's first; 11 on background.
     """
     owner = cell_owners(scene, cell, min_share)
     rows, cols = owner.shape
@@ -382,6 +384,7 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
 
     where = np.stack(np.meshgrid((np.arange(rows) + 0.5) / rows, (np.arange(cols) + 0.5) / cols, indexing="ij")[::-1], -1)
     boxes = [[s["box"][0] / width, s["box"][1] / height, s["box"][2] / width, s["box"][3] / height] for s in shapes]
+    digits = [[d for v in box_to_relative(s["box"], width, height) for d in (v // 100, v // 10 % 10, v % 10)] for s in shapes]
     return {
         "total": np.full((rows, cols), len(shapes), dtype=np.int64),
         "colour_count": per_shape([colours.count(c) for c in colours], 0).astype(np.int64),
@@ -391,4 +394,5 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
         "background": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
         "where": where,  # (rows, cols, 2): x, y
         "box": np.array([*boxes, [0.0] * 4], dtype=np.float64)[owner],  # (rows, cols, 4)
+        "box_digits": np.array([*digits, [11] * 12], dtype=np.int64)[owner],  # (rows, cols, 12)
     }

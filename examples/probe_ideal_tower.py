@@ -25,8 +25,9 @@ tower's, the tower is what to fix, and the other way round.
 `--features count,layout` adds to the ideal tokens what a structured tower could also be taught to
 put there (`vlmkit.data.shapes.cell_attributes`), each through a learned table or linear map: `count`
 the scene's shape count on every cell and, on a shape's cells, how many shapes share its colour and
-its kind (0 on background); `layout` the cell's place in the image, the shape's box, size and
-left-to-right rank, and the background type. `--tasks` trains other ShapesWorld image tasks too
+its kind (0 on background); `layout` the cell's place in the image (a linear map), the digits of
+the shape's relative box (a table per digit place), its size and left-to-right rank, and the
+background type. `--tasks` trains other ShapesWorld image tasks too
 (position, grounding, caption); grounding is scored as the mean IoU of the teacher-forced box.
 
     python examples/probe_ideal_tower.py --group 8 --features count --json ideal_count.json
@@ -56,6 +57,21 @@ TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains the
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
 FEATURES = ("count", "layout")
 MAX_SHAPES = 5
+
+
+class SlotTables(torch.nn.Module):
+    """One learned table per slot, summed: (N, slots) ints in 0..values-1 -> (N, width). The box's
+    digits, say: the digit in x1's hundreds place and the one in its tens place get different rows."""
+
+    def __init__(self, slots: int, values: int, width: int, scale: float):
+        super().__init__()
+        self.values = values
+        self.rows = torch.nn.Embedding(slots * values, width)
+        torch.nn.init.normal_(self.rows.weight, std=scale)
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(index.shape[-1]) * self.values  # (slots,)
+        return self.rows(index + offsets).sum(-2)
 
 
 class IdealTower(torch.nn.Module):
@@ -89,7 +105,7 @@ class IdealTower(torch.nn.Module):
         if "layout" in self.features:
             self.extras.update(dict(size=table(len(SIZES) + 1), rank=table(MAX_SHAPES + 1),
                                     background=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
-                                    box=torch.nn.Linear(4, width, bias=False)))
+                                    box_digits=SlotTables(12, 12, width, scale)))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -111,7 +127,8 @@ class IdealTower(torch.nn.Module):
                 attributes = cell_attributes(scene, cell=self.cell)
                 for name, module in self.extras.items():
                     value = torch.from_numpy(attributes[name])
-                    value = value.flatten() if value.dtype == torch.int64 else value.flatten(0, 1).float()  # (rows*cols[, k])
+                    value = value.flatten(0, 1) if value.ndim == 3 else value.flatten()  # (rows*cols[, k])
+                    value = value if value.dtype == torch.int64 else value.float()
                     cells = cells + module(value).to(cells.dtype)
             tokens.append(cells)
         self.scenes = []

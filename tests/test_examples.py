@@ -226,9 +226,10 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     expected = base.clone()
     for name in ("total", "colour_count", "kind_count", "size", "rank", "background"):
         expected += extras[name](torch.cat([torch.from_numpy(c[name]).flatten() for c in cells]))
-    for name, width in (("where", 2), ("box", 4)):
-        expected += extras[name](torch.cat([torch.from_numpy(c[name]).reshape(-1, width) for c in cells]).float())
-    assert sorted(extras) == ["background", "box", "colour_count", "kind_count", "rank", "size", "total", "where"]
+    expected += extras["where"](torch.cat([torch.from_numpy(c["where"]).reshape(-1, 2) for c in cells]).float())
+    digits = torch.cat([torch.from_numpy(c["box_digits"]).reshape(-1, 12) for c in cells])  # (N, 12)
+    expected += sum(extras["box_digits"].rows.weight[12 * slot + digits[:, slot]] for slot in range(12))
+    assert sorted(extras) == ["background", "box_digits", "colour_count", "kind_count", "rank", "size", "total", "where"]
     assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
     with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['colour'\]; choose from count, layout"):
         probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))

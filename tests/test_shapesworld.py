@@ -298,6 +298,9 @@ def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
     assert cells["box"][0, 2].tolist() == [68 / 96, 4 / 64, 92 / 96, 28 / 64]
     assert cells["box"][1, 1].tolist() == cells["box"][1, 2].tolist() == [40 / 96, 24 / 64, 80 / 96, 1.0]
     assert cells["box"][0, 0].tolist() == [0.0] * 4
+    # relative box of the circle: [417, 375, 833, 1000]
+    assert cells["box_digits"][1, 1].tolist() == [4, 1, 7, 3, 7, 5, 8, 3, 3, 10, 0, 0]
+    assert cells["box_digits"][0, 0].tolist() == [11] * 12
     # the owners are cell_labels' too
     labels = cell_labels(scene)
     assert labels["kind"].tolist() == [[len(sw.KINDS)] * 2 + [sw.KINDS.index("star")],

@@ -365,7 +365,7 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
     - "size": 0 small, 1 large, 2 background;
     - "rank": the shape's place in the caption's left-to-right order (`caption_of`), len(shapes)
       on background;
-    - "background": the scene's background type, index into BACKGROUNDS (every cell);
+    - "background_type": the scene's background type, index into BACKGROUNDS (every cell);
     - "where": (rows, cols, 2) float, the cell's centre as a fraction of the image's width and height;
     - "box": (rows, cols, 4) float, the shape's box as a fraction of the image (x1, y1, x2, y2: the
       relative 0-1000 box over 1000), 0 on background;
@@ -391,7 +391,7 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
         "kind_count": per_shape([kinds.count(k) for k in kinds], 0).astype(np.int64),
         "size": per_shape([SIZES.index(s["size"]) for s in shapes], len(SIZES)).astype(np.int64),
         "rank": per_shape([order.index(i) for i in range(len(shapes))], len(shapes)).astype(np.int64),
-        "background": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
+        "background_type": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
         "where": where,  # (rows, cols, 2): x, y
         "box": np.array([*boxes, [0.0] * 4], dtype=np.float64)[owner],  # (rows, cols, 4)
         "box_digits": np.array([*digits, [11] * 12], dtype=np.int64)[owner],  # (rows, cols, 12)

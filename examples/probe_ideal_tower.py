@@ -104,7 +104,7 @@ class IdealTower(torch.nn.Module):
                                     kind_count=table(MAX_SHAPES + 1)))
         if "layout" in self.features:
             self.extras.update(dict(size=table(len(SIZES) + 1), rank=table(MAX_SHAPES + 1),
-                                    background=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
+                                    background_type=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
                                     box_digits=SlotTables(12, 12, width, scale)))
 
     @property

@@ -41,7 +41,7 @@ from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
     existence_questions, make_sample, scene_questions,
 )
-from vlmkit.data.shapes import cell_labels
+from vlmkit.data.shapes import BACKGROUNDS, cell_attributes, cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
 from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
 
@@ -120,11 +120,23 @@ def build_model_and_processor(tokenizer, smoke: bool, connector_type: str = "mer
 # (every merged token: which kind, which colour, whether a shape's centre) teach the tower in minutes.
 DENSE_HEADS = {"kind": len(KINDS) + 1, "colour": len(COLOURS) + 1, "centre": 2}
 IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
+# --structured-stage-1 also teaches every token what makes a question one look-up instead of a count or
+# a comparison over many tokens (vlmkit.data.shapes.cell_attributes, each by a linear head): the
+# scene's shape count, how many shapes share this one's colour / kind (0 on background, the answer
+# when the colour or kind asked about is absent), its size, its left-to-right rank (the background
+# ranks after the last shape: what a caption says after it), the background type, and the digits of
+# its relative box in 12 places (11 on background). examples/probe_ideal_tower.py --features measures
+# what these buy the language model when they are exact.
+MAX_SHAPES = 5
+STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "kind_count": MAX_SHAPES + 1,
+                    "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
+BOX_PLACES, BOX_VALUES = 12, 12
 
 
-def dense_batch(processor, seeds: list[int], split: str = "train"):
+def dense_batch(processor, seeds: list[int], split: str = "train", structured: bool = False):
     """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, image_grid_thw and
-    (N_tokens, 3) labels (kind, colour, centre), token-aligned with the tower's merged output."""
+    (N_tokens, 3) labels (kind, colour, centre), token-aligned with the tower's merged output; with
+    `structured`, (N_tokens, 3 + 6 + 12): then STRUCTURED_HEADS' labels and the 12 box digits."""
     # consecutive seeds cycle through the tasks, and through the levels every len(IMAGE_TASKS) seeds
     samples = [make_sample(seed, task=IMAGE_TASKS[seed % len(IMAGE_TASKS)], split=split,
                            difficulty=seed // len(IMAGE_TASKS) % len(CURRICULUM)) for seed in seeds]
@@ -134,8 +146,12 @@ def dense_batch(processor, seeds: list[int], split: str = "train"):
     labels = []
     for sample in samples:
         cells = cell_labels(sample["scene"], cell=cell)
-        labels.append(torch.from_numpy(np.stack([cells[k] for k in DENSE_HEADS], -1).reshape(-1, 3)))  # (rows*cols, 3)
-    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, 3)
+        columns = [cells[k] for k in DENSE_HEADS]  # each (rows, cols)
+        if structured:
+            attributes = cell_attributes(sample["scene"], cell=cell)
+            columns += [attributes[k] for k in STRUCTURED_HEADS] + list(np.moveaxis(attributes["box_digits"], -1, 0))
+        labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, len(columns))))  # (rows*cols, columns)
+    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, columns)
 
 
 def name_token_ids(tokenizer, words) -> list[list[int]]:
@@ -153,7 +169,7 @@ class NameHeads(torch.nn.Module):
     91% kind accuracy after 4,000 steps, 85% with separate linear heads. The centre flag keeps a
     linear head."""
 
-    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int):
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: bool = False):
         super().__init__()
         self.embed = embed  # the language model's: stage 1 trains the name rows too
         self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
@@ -161,6 +177,9 @@ class NameHeads(torch.nn.Module):
             name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in ("kind", "colour")})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
         self.centre = torch.nn.Linear(width, DENSE_HEADS["centre"])
+        self.structured = torch.nn.ModuleDict(
+            {name: torch.nn.Linear(width, classes) for name, classes in STRUCTURED_HEADS.items()}
+            | {"box_digits": torch.nn.Linear(width, BOX_PLACES * BOX_VALUES)} if structured else {})
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         directions = torch.nn.functional.normalize(tokens, dim=-1)  # (N, D)
@@ -171,12 +190,16 @@ class NameHeads(torch.nn.Module):
             classes = torch.cat([names, self.background[name][None]])
             logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, 8)
         logits["centre"] = self.centre(tokens)
+        for name, head in self.structured.items():
+            logits[name] = head(tokens)
+        if "box_digits" in logits:
+            logits["box_digits"] = logits["box_digits"].unflatten(-1, (BOX_PLACES, BOX_VALUES))  # (N, 12, 12)
         return logits
 
 
-def vision_validation(processor):
+def vision_validation(processor, structured: bool = False):
     """The fixed validation images (and labels) stage 1's accuracies are measured on."""
-    return dense_batch(processor, list(range(96)), split="validation")
+    return dense_batch(processor, list(range(96)), split="validation", structured=structured)
 
 
 def vision_probe(visual, heads, validation) -> dict[str, float]:
@@ -197,29 +220,41 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
         raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
-    loss = sum(torch.nn.functional.cross_entropy(logits[name], labels[:, i]) for i, name in enumerate(DENSE_HEADS))
-    on_shape = labels[:, 0] < len(KINDS)
-    hits = {name: logits[name].argmax(-1) == labels[:, i] for i, name in enumerate(DENSE_HEADS)}
+    names = [*DENSE_HEADS, *(STRUCTURED_HEADS if heads.structured else ())]
+    column = {name: labels[:, i] for i, name in enumerate(names)}
+    loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names)
+    on_shape = column["kind"] < len(KINDS)
+    hits = {name: logits[name].argmax(-1) == column[name] for name in names}
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][on_shape].float().mean().item(),
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
+    if heads.structured:
+        digits = labels[:, len(names):]  # (N, 12)
+        loss = loss + torch.nn.functional.cross_entropy(logits["box_digits"].flatten(0, 1), digits.flatten())
+        for name in STRUCTURED_HEADS:  # the scene-wide ones over every cell, the rest over shape cells
+            cells = slice(None) if name in ("total", "background_type") else on_shape
+            accuracy[name] = hits[name][cells].float().mean().item()
+        hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
+        accuracy["box_hundreds"] = hundreds[on_shape].float().mean().item()
     return loss, accuracy
 
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int,
-                    eval_every: int) -> tuple[list[dict], NameHeads]:
-    """Stage 1: train the vision tower and its merger on per-token scene labels; returns the curve
-    (loss, and on fixed validation images the kind / colour accuracy on shape tokens) and the heads."""
+                    eval_every: int, structured: bool = False) -> tuple[list[dict], NameHeads]:
+    """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
+    STRUCTURED_HEADS' and the box digits); returns the curve (loss, and on fixed validation images
+    the kind / colour accuracy on shape tokens, and the structured heads' accuracies) and the heads."""
     visual = model.model.visual
-    heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size)
+    heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
+                      structured=structured)
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
-    validation = vision_validation(processor)
+    validation = vision_validation(processor, structured)
     curve, start = [], time.time()
     visual.train()
     for step in range(1, steps + 1):
         seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
-        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds))
+        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds, structured=structured))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
@@ -407,6 +442,9 @@ def main() -> None:
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
     parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
+    parser.add_argument("--structured-stage-1", action="store_true",
+                        help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
+                             "rank and box digits, and the background (STRUCTURED_HEADS)")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
     parser.add_argument("--text-steps", type=int, default=400,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
@@ -452,23 +490,28 @@ def main() -> None:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
         cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
-        if (cached["vision_steps"], cached_vocab) != (args.vision_steps, vocab):
-            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab {cached_vocab}, "
-                             f"not --vision-steps {args.vision_steps} at vocab {vocab}")
+        cached_structured = cached.get("structured", False)
+        if (cached["vision_steps"], cached_vocab, cached_structured) != (args.vision_steps, vocab, args.structured_stage_1):
+            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab {cached_vocab}"
+                             f"{' (structured)' if cached_structured else ''}, "
+                             f"not --vision-steps {args.vision_steps} at vocab {vocab}"
+                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}")
         model.load_state_dict(cached["model"])
-        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size)
+        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
+                          structured=args.structured_stage_1)
         heads.load_state_dict(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
     elif args.vision_steps:
         vision_start = time.time()
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
-                                       eval_every=args.eval_every)
+                                       eval_every=args.eval_every, structured=args.structured_stage_1)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
-                        "vision_steps": args.vision_steps, "minutes": vision_minutes}, args.stage1_cache)
+                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "minutes": vision_minutes},
+                       args.stage1_cache)
 
     tasks = tuple(args.tasks.split(","))
     collator = VLMKitDataCollator(processor)
@@ -498,7 +541,8 @@ def main() -> None:
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
-    vision_after = vision_probe(model.model.visual, heads, vision_validation(processor)) if heads is not None else None
+    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1))
+                    if heads is not None else None)
     print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
     model.config.use_cache = True
@@ -507,7 +551,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
+                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

@@ -224,12 +224,12 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     cells = [cell_attributes(scene) for scene in scenes]
     extras = structured.extras
     expected = base.clone()
-    for name in ("total", "colour_count", "kind_count", "size", "rank", "background"):
+    for name in ("total", "colour_count", "kind_count", "size", "rank", "background_type"):
         expected += extras[name](torch.cat([torch.from_numpy(c[name]).flatten() for c in cells]))
     expected += extras["where"](torch.cat([torch.from_numpy(c["where"]).reshape(-1, 2) for c in cells]).float())
     digits = torch.cat([torch.from_numpy(c["box_digits"]).reshape(-1, 12) for c in cells])  # (N, 12)
     expected += sum(extras["box_digits"].rows.weight[12 * slot + digits[:, slot]] for slot in range(12))
-    assert sorted(extras) == ["background", "box_digits", "colour_count", "kind_count", "rank", "size", "total", "where"]
+    assert sorted(extras) == ["background_type", "box_digits", "colour_count", "kind_count", "rank", "size", "total", "where"]
     assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
     with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['colour'\]; choose from count, layout"):
         probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))
@@ -286,3 +286,28 @@ def test_train_shapes_stage_2_groups_scale_the_tower_and_the_deepstack_mergers_a
     assert grouped == pytest.approx({n: r for n, r in rate.items() if r})  # frozen parts are in no group
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert frozen == (tower if tower_scale == 0 else set()) | (deepstack if deepstack_scale == 0 else set())
+
+
+def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokenizer):
+    from vlmkit.data import make_sample
+    from vlmkit.data.shapes import cell_attributes, cell_labels
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    seeds = [3, 4, 5]
+    plain = train_shapes.dense_batch(processor, seeds)
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=True)
+    assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12
+    # the same samples as dense_batch draws them: row-major cells, image after image
+    scenes = [make_sample(seed, task=train_shapes.IMAGE_TASKS[seed % 6], difficulty=seed // 6 % 3)["scene"] for seed in seeds]
+    cells = [cell_attributes(scene) for scene in scenes]
+    assert sum(cell_labels(scene)["kind"].size for scene in scenes) == len(labels)
+    for i, name in enumerate(train_shapes.STRUCTURED_HEADS):
+        assert labels[:, 3 + i].tolist() == [v for c in cells for v in c[name].flatten().tolist()], name
+    assert labels[:, 9:].tolist() == [row for c in cells for row in c["box_digits"].reshape(-1, 12).tolist()]
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=True)
+    loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in heads.structured.parameters())
+    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds"])

@@ -292,7 +292,7 @@ def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
     assert cells["size"].tolist() == [[2, 2, 0], [0, 1, 1]]
     # left to right by centre x: red star (16), blue circle (60), blue star (80); background 3
     assert cells["rank"].tolist() == [[3, 3, 2], [0, 1, 1]]
-    assert cells["background"].tolist() == [[sw.BACKGROUNDS.index("checkered")] * 3] * 2
+    assert cells["background_type"].tolist() == [[sw.BACKGROUNDS.index("checkered")] * 3] * 2
     assert cells["where"].tolist() == [[[1 / 6, 0.25], [0.5, 0.25], [5 / 6, 0.25]],
                                        [[1 / 6, 0.75], [0.5, 0.75], [5 / 6, 0.75]]]
     assert cells["box"][0, 2].tolist() == [68 / 96, 4 / 64, 92 / 96, 28 / 64]

@@ -56,7 +56,7 @@ from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
 FEATURES = ("count", "layout")
-MAX_SHAPES = 5
+MAX_SHAPES = train_shapes.MAX_SHAPES  # the count and rank tables cover scenes of up to this many shapes
 
 
 class SlotTables(torch.nn.Module):

@@ -7,15 +7,16 @@ Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers
 vlmkit model (merger connector, DeepStack on) and its processor; (3) stage 1, --vision-steps: train
 the vision tower and merger alone on dense labels read off the scene description (every merged token:
 the kind and colour of the shape it shows, scored against the language model's embeddings of those
-names, or background; and whether a shape's centre is in it); (4) stage 2: train the whole model with
-Trainer on fresh samples drawn on the fly (a sample is a seed, so data never repeats and costs about
-1 ms). It opens with --text-steps of scenes described in words (count, colour and existence on the
-caption), so the language model learns to match the shape a question names before it sees pixels,
-then follows a curriculum that starts on small, plain scenes and the one-word tasks, still giving
-some describable samples as text (--text-every); (5) save model (bf16 safetensors) + processor, and
-write the learning curves next to them: stage 1's token accuracies, the loss, and every --eval-every
-steps the exact-match rate per task on fixed validation questions with the real image and with a
-blank one (the gap is what the model gets from looking).
+names, or background; and whether a shape's centre is in it); (4) stage 2: train the language model
+and the DeepStack mergers with Trainer, the tower frozen (--vision-lr-scale 0), on fresh samples
+drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms). It opens with
+--opening-steps of colour, existence and count on full scenes, existence as minimal pairs
+(--existence-group 8: eight questions about one scene side by side, half one word off), then follows
+a curriculum that starts on small, plain scenes and the one-word tasks (--text-steps / --text-every
+can also give count, colour and existence as scenes described in words; off by default); (5) save
+model (bf16 safetensors) + processor, and write the learning curves next to them: stage 1's token
+accuracies, the loss, and every --eval-every steps the exact-match rate per task on fixed validation
+questions with the real image and with a blank one (the gap is what the model gets from looking).
 
 What makes it learn (measured on 64-128 px probes): a learning rate of 5e-4, not 2e-3 (at 1e-3 and
 above the loss spikes and the model never leaves the language-prior plateau; at 5e-4 it starts
@@ -420,7 +421,7 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=3200)
+    parser.add_argument("--steps", type=int, default=2400, help="curriculum steps, after the opening")
     parser.add_argument("--batch-size", type=int, default=32, help="samples (conversations, with --followups) per step")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
@@ -432,31 +433,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
-    parser.add_argument("--vision-lr-scale", type=float, default=0.3,
+    parser.add_argument("--vision-lr-scale", type=float, default=0.0,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
-                             "(below 1 so the VLM's early gradients do not wash out what stage 1 taught; 0: frozen)")
-    parser.add_argument("--deepstack-lr-scale", type=float, default=None,
-                        help="stage 2 learning rate of the DeepStack mergers, as a multiple of --lr (default: "
-                             "--vision-lr-scale's; stage 1 never trains them, so 1 lets them learn over a frozen tower)")
+                             "(0: frozen, so the VLM's gradients do not wash out the kinds stage 1 taught)")
+    parser.add_argument("--deepstack-lr-scale", type=float, default=1.0,
+                        help="stage 2 learning rate of the DeepStack mergers, as a multiple of --lr (stage 1 never "
+                             "trains them, so they learn here, also over a frozen tower)")
     parser.add_argument("--vision-steps", type=int, default=4000,
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
-                             "4000 take 17 min and reach 91%% kind accuracy on shape tokens")
+                             "4000 take 17-28 min (by machine) and reach 91%% kind accuracy on shape tokens")
     parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
     parser.add_argument("--structured-stage-1", action="store_true",
                         help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
                              "rank and box digits, and the background (STRUCTURED_HEADS)")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
-    parser.add_argument("--text-steps", type=int, default=400,
+    parser.add_argument("--text-steps", type=int, default=0,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
-    parser.add_argument("--text-every", type=int, default=4,
+    parser.add_argument("--text-every", type=int, default=0,
                         help="after them, one round of the tasks in this many gives describable samples as text (0: never)")
-    parser.add_argument("--opening-steps", type=int, default=0,
+    parser.add_argument("--opening-steps", type=int, default=1500,
                         help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
                              "curriculum (probe_ideal_tower.py's mix)")
     parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
                         help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
-    parser.add_argument("--existence-group", type=int, default=1,
+    parser.add_argument("--existence-group", type=int, default=8,
                         help="existence comes as this many questions about one scene side by side, half naming a "
                              "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
     parser.add_argument("--followups", type=int, default=0,
@@ -472,7 +473,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
-        args.vision_steps, args.text_steps = 10, 4  # the smoke run checks every stage
+        args.vision_steps, args.text_steps, args.opening_steps = 10, 4, 2  # the smoke run checks every stage
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -526,8 +527,7 @@ def main() -> None:
         accelerator_config={"dispatch_batches": False},
     )
     model.config.use_cache = False
-    deepstack_scale = args.vision_lr_scale if args.deepstack_lr_scale is None else args.deepstack_lr_scale
-    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, deepstack_scale),
+    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, args.deepstack_lr_scale),
                                   lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),

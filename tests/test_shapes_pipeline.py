@@ -16,7 +16,8 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
     train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
                             "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
-                            "--opening-steps", "2", "--lr-schedule", "constant_with_warmup"],
+                            "--opening-steps", "2", "--lr-schedule", "constant_with_warmup", "--text-every", "4",
+                            "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())

@@ -367,8 +367,6 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
       on background;
     - "background_type": the scene's background type, index into BACKGROUNDS (every cell);
     - "where": (rows, cols, 2) float, the cell's centre as a fraction of the image's width and height;
-    - "box": (rows, cols, 4) float, the shape's box as a fraction of the image (x1, y1, x2, y2: the
-      relative 0-1000 box over 1000), 0 on background;
     - "box_digits": (rows, cols, 12) int, the digits a grounding answer writes: hundreds (0-10),
       tens and ones of each relative coordinate (`box_to_relative`), x1's first; 11 on background.
     """
@@ -383,7 +381,6 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
         return np.array([*values, background])[owner]
 
     where = np.stack(np.meshgrid((np.arange(rows) + 0.5) / rows, (np.arange(cols) + 0.5) / cols, indexing="ij")[::-1], -1)
-    boxes = [[s["box"][0] / width, s["box"][1] / height, s["box"][2] / width, s["box"][3] / height] for s in shapes]
     digits = [[d for v in box_to_relative(s["box"], width, height) for d in (v // 100, v // 10 % 10, v % 10)] for s in shapes]
     return {
         "total": np.full((rows, cols), len(shapes), dtype=np.int64),
@@ -393,6 +390,5 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
         "rank": per_shape([order.index(i) for i in range(len(shapes))], len(shapes)).astype(np.int64),
         "background_type": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
         "where": where,  # (rows, cols, 2): x, y
-        "box": np.array([*boxes, [0.0] * 4], dtype=np.float64)[owner],  # (rows, cols, 4)
         "box_digits": np.array([*digits, [11] * 12], dtype=np.int64)[owner],  # (rows, cols, 12)
     }

@@ -28,7 +28,7 @@ the scene's shape count on every cell and, on a shape's cells, how many shapes s
 its kind (0 on background); `layout` the cell's place in the image (a linear map), the digits of
 the shape's relative box (a table per digit place), its size and left-to-right rank, and the
 background type. `--tasks` trains other ShapesWorld image tasks too
-(position, grounding, caption); grounding is scored as the mean IoU of the teacher-forced box.
+(position, grounding, caption); grounding is scored as the mean IoU of greedily generated boxes.
 
     python examples/probe_ideal_tower.py --group 8 --features count --json ideal_count.json
     python examples/probe_ideal_tower.py --group 8 --features count,layout \
@@ -105,7 +105,7 @@ class IdealTower(torch.nn.Module):
         if "layout" in self.features:
             self.extras.update(dict(size=table(len(SIZES) + 1), rank=table(MAX_SHAPES + 1),
                                     background_type=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
-                                    box_digits=SlotTables(12, 12, width, scale)))
+                                    box_digits=SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale)))
 
     @property
     def dtype(self) -> torch.dtype:

@@ -295,11 +295,9 @@ def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
     assert cells["background_type"].tolist() == [[sw.BACKGROUNDS.index("checkered")] * 3] * 2
     assert cells["where"].tolist() == [[[1 / 6, 0.25], [0.5, 0.25], [5 / 6, 0.25]],
                                        [[1 / 6, 0.75], [0.5, 0.75], [5 / 6, 0.75]]]
-    assert cells["box"][0, 2].tolist() == [68 / 96, 4 / 64, 92 / 96, 28 / 64]
-    assert cells["box"][1, 1].tolist() == cells["box"][1, 2].tolist() == [40 / 96, 24 / 64, 80 / 96, 1.0]
-    assert cells["box"][0, 0].tolist() == [0.0] * 4
-    # relative box of the circle: [417, 375, 833, 1000]
-    assert cells["box_digits"][1, 1].tolist() == [4, 1, 7, 3, 7, 5, 8, 3, 3, 10, 0, 0]
+    # relative boxes: the star [708, 62, 958, 438], the circle [417, 375, 833, 1000] on both its cells
+    assert cells["box_digits"][0, 2].tolist() == [7, 0, 8, 0, 6, 2, 9, 5, 8, 4, 3, 8]
+    assert cells["box_digits"][1, 1].tolist() == cells["box_digits"][1, 2].tolist() == [4, 1, 7, 3, 7, 5, 8, 3, 3, 10, 0, 0]
     assert cells["box_digits"][0, 0].tolist() == [11] * 12
     # the owners are cell_labels' too
     labels = cell_labels(scene)

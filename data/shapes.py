@@ -37,6 +37,7 @@ SIZES: tuple[str, ...] = ("small", "large")
 # shape at least 1.5x a small one.
 SIZE_FRACTIONS: dict[str, tuple[float, float]] = {"small": (0.15, 0.19), "large": (0.29, 0.35)}
 BACKGROUNDS: tuple[str, ...] = ("plain", "striped", "checkered", "speckled")
+DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")  # a video's moving shape goes one way
 
 # Colour-shape pairs that never appear in train or validation images (nor in their questions): one
 # per colour and one per kind (black and diamond keep all their pairs), 6 of the 49 pairs (12%).
@@ -334,14 +335,15 @@ def cell_owners(scene: dict, cell: int = 32, min_share: float = 0.25) -> np.ndar
     return owner
 
 
-def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:
+def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25,
+                owner: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-cell targets for dense supervision of a vision tower whose tokens each see `cell` px
     (patch 16 x merge 2 = 32), row-major like its merged tokens: (rows, cols) int64 arrays
     "kind" (index into KINDS, len(KINDS) for background), "colour" (index into COLOURS, len(COLOURS)
     for background) and "centre" (1 where a shape's box centre falls in the cell). Which shape a cell
-    shows: `cell_owners`.
+    shows: `cell_owners`, unless `owner` gives it.
     """
-    owner = cell_owners(scene, cell, min_share)
+    owner = cell_owners(scene, cell, min_share) if owner is None else owner
     rows, cols = owner.shape
     colour_index = {name: i for i, name in enumerate(COLOURS)}
     kinds = np.array([KINDS.index(s["kind"]) for s in scene["shapes"]] + [len(KINDS)], dtype=np.int64)
@@ -351,6 +353,37 @@ def cell_labels(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[st
         cx, cy = centre(shape["box"])
         centre_mask[min(int(cy // cell), rows - 1), min(int(cx // cell), cols - 1)] = 1
     return {"kind": kinds[owner], "colour": colours[owner], "centre": centre_mask}  # owner -1: the background entry
+
+
+def video_cell_labels(scene: dict, cell: int = 32, temporal_patch_size: int = 2,
+                      min_share: float = 0.25) -> dict[str, np.ndarray]:
+    """`cell_labels` for a video scene, one per temporal slice of `temporal_patch_size` frames (the
+    last frame repeated to fill the last slice, as the video processor pads), as (T, rows, cols)
+    int64 arrays, plus "motion": the index in DIRECTIONS of the way the shape moves on the cells it
+    covers in either of the slice's frames, len(DIRECTIONS) ("still") elsewhere. A cell shows the
+    shape it shows in the slice's first frame, else the one in its second (the moving shape's
+    trail: a token sees both frames)."""
+    motion = scene["motion"]
+    frames, target = motion["num_frames"], motion["target"]
+    padded = list(range(frames)) + [frames - 1] * (-frames % temporal_patch_size)
+
+    def at(frame: int) -> dict:  # the scene with the moving shape where it is in `frame`
+        shapes = [dict(s) for s in scene["shapes"]]
+        shapes[target]["box"] = motion["boxes"][frame]
+        return {**scene, "shapes": shapes}
+
+    out: dict[str, list] = {"kind": [], "colour": [], "centre": [], "motion": []}
+    for first in range(0, len(padded), temporal_patch_size):
+        slice_frames = padded[first:first + temporal_patch_size]
+        owner = cell_owners(at(slice_frames[0]), cell, min_share)
+        for frame in slice_frames[1:]:
+            later = cell_owners(at(frame), cell, min_share)
+            owner = np.where(owner >= 0, owner, later)
+        labels = cell_labels(at(slice_frames[0]), cell, min_share, owner=owner)  # centre: in the first frame
+        for name in ("kind", "colour", "centre"):
+            out[name].append(labels[name])
+        out["motion"].append(np.where(owner == target, DIRECTIONS.index(motion["direction"]), len(DIRECTIONS)))
+    return {name: np.stack(slices).astype(np.int64) for name, slices in out.items()}  # each (T, rows, cols)
 
 
 def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dict[str, np.ndarray]:

@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from .shapes import (
-    BACKGROUNDS, COLOURS, HELDOUT_COMBOS, KINDS, PLURALS, SEEN_COMBOS, SIZES, blank_image, box_to_relative, centre,
+    BACKGROUNDS, COLOURS, DIRECTIONS, HELDOUT_COMBOS, KINDS, PLURALS, SEEN_COMBOS, SIZES, blank_image, box_to_relative, centre,
     content_hash, encode_png, format_box, iou, parse_box, place_box, random_box, relation, relative_box,
     relative_to_box, render_scene, render_video, sample_background, sample_image_size, shape_side,
 )
@@ -58,7 +58,6 @@ from .shapes import (
 TASKS: tuple[str, ...] = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 _SPLIT_CODES = {"train": 0, "validation": 1, "test": 2}
-DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
 BACKGROUND_WORDS = {"plain": "plain", "striped": "striped", "checkered": "checkered", "speckled": "speckled"}
 # The answers each task can give (grounding: a box string, caption: a sentence).

@@ -42,7 +42,7 @@ from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
     existence_questions, make_sample, scene_questions,
 )
-from vlmkit.data.shapes import BACKGROUNDS, cell_attributes, cell_labels
+from vlmkit.data.shapes import BACKGROUNDS, DIRECTIONS, cell_attributes, cell_labels, video_cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
 from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
 
@@ -121,6 +121,12 @@ def build_model_and_processor(tokenizer, smoke: bool, connector_type: str = "mer
 # (every merged token: which kind, which colour, whether a shape's centre) teach the tower in minutes.
 DENSE_HEADS = {"kind": len(KINDS) + 1, "colour": len(COLOURS) + 1, "centre": 2}
 IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
+# --motion-stage-1 also shows clips (one sample in len(TASKS)), and every token learns which way the
+# shape it shows moves ("still" on background, on static shapes and on every image token), scored like
+# kind and colour against the words (" left" ...). Without it the tower sees only stills, whose two
+# frames per temporal patch are equal, so the half of the Conv3d patch embedding that sees a frame
+# difference keeps its random init, and a frozen tower cannot learn it in stage 2.
+STILL = len(DIRECTIONS)
 # --structured-stage-1 also teaches every token what makes a question one look-up instead of a count or
 # a comparison over many tokens (vlmkit.data.shapes.cell_attributes, each by a linear head): the
 # scene's shape count, how many shapes share this one's colour / kind (0 on background, the answer
@@ -134,25 +140,51 @@ STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "ki
 BOX_PLACES, BOX_VALUES = 12, 12
 
 
-def dense_batch(processor, seeds: list[int], split: str = "train", structured: bool = False):
-    """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, image_grid_thw and
-    (N_tokens, 3) labels (kind, colour, centre), token-aligned with the tower's merged output; with
-    `structured`, (N_tokens, 3 + 6 + 12): then STRUCTURED_HEADS' labels and the 12 box digits."""
-    # consecutive seeds cycle through the tasks, and through the levels every len(IMAGE_TASKS) seeds
-    samples = [make_sample(seed, task=IMAGE_TASKS[seed % len(IMAGE_TASKS)], split=split,
-                           difficulty=seed // len(IMAGE_TASKS) % len(CURRICULUM)) for seed in seeds]
+def label_names(structured: bool, motion: bool) -> list[str]:
+    """The label columns of dense_batch, in order (the 12 box digits follow with `structured`)."""
+    return [*DENSE_HEADS, *(["motion"] if motion else []), *(STRUCTURED_HEADS if structured else [])]
+
+
+def dense_batch(processor, seeds: list[int], split: str = "train", structured: bool = False, motion: bool = False):
+    """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, grid_thw and
+    (N_tokens, columns) labels (`label_names`: kind, colour, centre; with `motion`, the direction;
+    with `structured`, STRUCTURED_HEADS' labels and the 12 box digits), token-aligned with the tower's
+    merged output. With `motion`, every len(TASKS)-th sample is a clip: the clips' patches, grids
+    and labels follow the images' (a clip's tokens run over its temporal slices; its structured
+    labels are -100, ignored: they describe still scenes)."""
+    tasks = TASKS if motion else IMAGE_TASKS
+    # consecutive seeds cycle through the tasks, and through the levels every len(tasks) seeds
+    samples = [make_sample(seed, task=tasks[seed % len(tasks)], split=split,
+                           difficulty=seed // len(tasks) % len(CURRICULUM)) for seed in seeds]
+    images, clips = [s for s in samples if s["video"] is None], [s for s in samples if s["video"] is not None]
     image_processor = processor.image_processor
     cell = image_processor.patch_size * image_processor.merge_size  # px each merged token sees
-    inputs = image_processor(images=[s["image"] for s in samples], return_tensors="pt")
-    labels = []
-    for sample in samples:
+    names = label_names(structured, motion)
+    width = len(names) + (BOX_PLACES if structured else 0)
+    inputs = image_processor(images=[s["image"] for s in images], return_tensors="pt")
+    pixel_values, grids, labels = [inputs["pixel_values"]], [inputs["image_grid_thw"]], []
+    for sample in images:
         cells = cell_labels(sample["scene"], cell=cell)
         columns = [cells[k] for k in DENSE_HEADS]  # each (rows, cols)
+        if motion:
+            columns.append(np.full_like(cells["kind"], STILL))
         if structured:
             attributes = cell_attributes(sample["scene"], cell=cell)
             columns += [attributes[k] for k in STRUCTURED_HEADS] + list(np.moveaxis(attributes["box_digits"], -1, 0))
-        labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, len(columns))))  # (rows*cols, columns)
-    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)  # (P, C*T*p*p), (B, 3), (N, columns)
+        labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (rows*cols, columns)
+    if clips:
+        videos = processor.video_processor(videos=[s["video"] for s in clips], return_tensors="pt",
+                                           video_metadata=[{"fps": s["fps"]} for s in clips])
+        pixel_values.append(videos["pixel_values_videos"])
+        grids.append(videos["video_grid_thw"])
+        temporal = processor.video_processor.temporal_patch_size
+        for sample in clips:
+            cells = video_cell_labels(sample["scene"], cell=cell, temporal_patch_size=temporal)
+            columns = [cells[k] for k in [*DENSE_HEADS, "motion"]]  # each (T, rows, cols)
+            columns += [np.full_like(cells["kind"], -100)] * (width - len(columns))
+            labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (T*rows*cols, columns)
+    # (P, C*T*p*p), (B, 3), (N, columns)
+    return torch.cat(pixel_values), torch.cat(grids), torch.cat(labels)
 
 
 def name_token_ids(tokenizer, words) -> list[list[int]]:
@@ -168,14 +200,18 @@ class NameHeads(torch.nn.Module):
     visual tokens in its own word space, where "is there a red star?" is a match between tokens it
     reads anyway (LLaVA's alignment stage does the same with captions). It also teaches kinds faster:
     91% kind accuracy after 4,000 steps, 85% with separate linear heads. The centre flag keeps a
-    linear head."""
+    linear head. With `motion`, a token's direction is scored the same way against " left", " right",
+    " up", " down" and a learned "still" vector."""
 
-    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: bool = False):
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: bool = False, motion: bool = False):
         super().__init__()
         self.embed = embed  # the language model's: stage 1 trains the name rows too
         self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
+        if motion:
+            self.name_ids["motion"] = name_token_ids(tokenizer, DIRECTIONS)
+        self.motion = motion
         self.background = torch.nn.ParameterDict({
-            name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in ("kind", "colour")})
+            name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in self.name_ids})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
         self.centre = torch.nn.Linear(width, DENSE_HEADS["centre"])
         self.structured = torch.nn.ModuleDict(
@@ -186,10 +222,10 @@ class NameHeads(torch.nn.Module):
         directions = torch.nn.functional.normalize(tokens, dim=-1)  # (N, D)
         logits = {}
         for name, word_ids in self.name_ids.items():
-            # (8, D): each name's embedding (averaged over its tokens should the tokenizer split it), then background
+            # (names + 1, D): each name's embedding (averaged over its tokens should the tokenizer split it), then background
             names = torch.stack([self.embed.weight[ids].mean(0) for ids in word_ids])
             classes = torch.cat([names, self.background[name][None]])
-            logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, 8)
+            logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, names + 1)
         logits["centre"] = self.centre(tokens)
         for name, head in self.structured.items():
             logits[name] = head(tokens)
@@ -198,9 +234,9 @@ class NameHeads(torch.nn.Module):
         return logits
 
 
-def vision_validation(processor, structured: bool = False):
-    """The fixed validation images (and labels) stage 1's accuracies are measured on."""
-    return dense_batch(processor, list(range(96)), split="validation", structured=structured)
+def vision_validation(processor, structured: bool = False, motion: bool = False):
+    """The fixed validation images (and labels; clips too with `motion`) stage 1's accuracies are measured on."""
+    return dense_batch(processor, list(range(96)), split="validation", structured=structured, motion=motion)
 
 
 def vision_probe(visual, heads, validation) -> dict[str, float]:
@@ -221,9 +257,16 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
         raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
-    names = [*DENSE_HEADS, *(STRUCTURED_HEADS if heads.structured else ())]
+    names = label_names(bool(heads.structured), heads.motion)
     column = {name: labels[:, i] for i, name in enumerate(names)}
-    loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names)
+    # -100 (a clip's structured labels) is cross_entropy's ignore_index
+    loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names if name != "motion")
+    if heads.motion:
+        # balanced: the moving shape's tokens (about 4% of a batch) weigh as much as all the still ones,
+        # or "still everywhere" is a minimum the head does not leave (0-1% on moving tokens at step 750)
+        moving = column["motion"] < STILL
+        loss = loss + sum(torch.nn.functional.cross_entropy(logits["motion"][part], column["motion"][part])
+                          for part in (moving, ~moving) if part.any())
     on_shape = column["kind"] < len(KINDS)
     hits = {name: logits[name].argmax(-1) == column[name] for name in names}
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][on_shape].float().mean().item(),
@@ -232,30 +275,36 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
         digits = labels[:, len(names):]  # (N, 12)
         loss = loss + torch.nn.functional.cross_entropy(logits["box_digits"].flatten(0, 1), digits.flatten())
         for name in STRUCTURED_HEADS:  # the scene-wide ones over every cell, the rest over shape cells
-            cells = slice(None) if name in ("total", "background_type") else on_shape
+            labelled = column[name] >= 0
+            cells = labelled if name in ("total", "background_type") else labelled & on_shape
             accuracy[name] = hits[name][cells].float().mean().item()
         hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
-        accuracy["box_hundreds"] = hundreds[on_shape].float().mean().item()
+        accuracy["box_hundreds"] = hundreds[on_shape & (digits[:, 0] >= 0)].float().mean().item()
+    if heads.motion:
+        moving = column["motion"] < STILL
+        accuracy["motion"] = hits["motion"][moving].float().mean().item()  # on the moving shape's tokens
+        accuracy["still"] = hits["motion"][~moving].float().mean().item()
     return loss, accuracy
 
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int,
-                    eval_every: int, structured: bool = False) -> tuple[list[dict], NameHeads]:
+                    eval_every: int, structured: bool = False, motion: bool = False) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
-    STRUCTURED_HEADS' and the box digits); returns the curve (loss, and on fixed validation images
+    STRUCTURED_HEADS' and the box digits; `motion`: clips too, and each token's direction); returns
+    the curve (loss, and on fixed validation images
     the kind / colour accuracy on shape tokens, and the structured heads' accuracies) and the heads."""
     visual = model.model.visual
     heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                      structured=structured)
+                      structured=structured, motion=motion)
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
-    validation = vision_validation(processor, structured)
+    validation = vision_validation(processor, structured, motion)
     curve, start = [], time.time()
     visual.train()
     for step in range(1, steps + 1):
         seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
-        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds, structured=structured))
+        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds, structured=structured, motion=motion))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
@@ -446,6 +495,9 @@ def main() -> None:
     parser.add_argument("--structured-stage-1", action="store_true",
                         help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
                              "rank and box digits, and the background (STRUCTURED_HEADS)")
+    parser.add_argument("--motion-stage-1", action=argparse.BooleanOptionalAction, default=False,
+                        help="stage 1 also shows clips (one sample in seven) and teaches every token which way "
+                             "its shape moves, scored against the direction words")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
     parser.add_argument("--text-steps", type=int, default=0,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
@@ -491,27 +543,31 @@ def main() -> None:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
         cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
-        cached_structured = cached.get("structured", False)
-        if (cached["vision_steps"], cached_vocab, cached_structured) != (args.vision_steps, vocab, args.structured_stage_1):
+        cached_structured, cached_motion = cached.get("structured", False), cached.get("motion", False)
+        if ((cached["vision_steps"], cached_vocab, cached_structured, cached_motion)
+                != (args.vision_steps, vocab, args.structured_stage_1, args.motion_stage_1)):
             raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab {cached_vocab}"
-                             f"{' (structured)' if cached_structured else ''}, "
+                             f"{' (structured)' if cached_structured else ''}{' (motion)' if cached_motion else ''}, "
                              f"not --vision-steps {args.vision_steps} at vocab {vocab}"
-                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}")
+                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}"
+                             f"{' --motion-stage-1' if args.motion_stage_1 else ''}")
         model.load_state_dict(cached["model"])
         heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=args.structured_stage_1)
+                          structured=args.structured_stage_1, motion=args.motion_stage_1)
         heads.load_state_dict(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
     elif args.vision_steps:
         vision_start = time.time()
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
-                                       eval_every=args.eval_every, structured=args.structured_stage_1)
+                                       eval_every=args.eval_every, structured=args.structured_stage_1,
+                                       motion=args.motion_stage_1)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
-                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "minutes": vision_minutes},
+                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "motion": args.motion_stage_1,
+                        "minutes": vision_minutes},
                        args.stage1_cache)
 
     tasks = tuple(args.tasks.split(","))
@@ -541,7 +597,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
-    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1))
+    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1, args.motion_stage_1))
                     if heads is not None else None)
     print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
@@ -551,7 +607,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
+                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "motion_stage_1": args.motion_stage_1, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

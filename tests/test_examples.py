@@ -311,3 +311,35 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in heads.structured.parameters())
     assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds"])
+
+
+def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):
+    from vlmkit.data import TASKS, make_sample
+    from vlmkit.data.shapes import DIRECTIONS, video_cell_labels
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    seeds = [5, 6, 7]  # seed 6 is TASKS[6], motion: a clip
+    assert TASKS[6] == "motion"
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=True, motion=True)
+    samples = [make_sample(seed, task=TASKS[seed % 7], difficulty=seed // 7 % 3) for seed in seeds]
+    clip = samples[1]
+    frames = clip["scene"]["motion"]["num_frames"]
+    # the images' grids first, then the clip's: (ceil(frames / 2), rows, cols) in patches
+    assert grid[-1].tolist() == [-(-frames // 2), clip["scene"]["height"] // 16, clip["scene"]["width"] // 16]
+    assert grid[:, 0].tolist()[:2] == [1, 1] and int(grid.prod(-1).sum()) == len(pixels)
+    # columns: kind, colour, centre, motion, the 6 structured heads, 12 box digits
+    assert train_shapes.label_names(True, True)[:4] == ["kind", "colour", "centre", "motion"] and labels.shape[1] == 4 + 6 + 12
+    image_tokens = sum(s["scene"]["height"] // 32 * s["scene"]["width"] // 32 for s in (samples[0], samples[2]))
+    assert (labels[:image_tokens, 3] == len(DIRECTIONS)).all()  # images: still everywhere
+    cells = video_cell_labels(clip["scene"])
+    assert labels[image_tokens:, 3].tolist() == cells["motion"].flatten().tolist()
+    assert labels[image_tokens:, 0].tolist() == cells["kind"].flatten().tolist()
+    assert (labels[image_tokens:, 4:] == -100).all()  # no structured labels on clips
+    assert (cells["motion"] == DIRECTIONS.index(clip["answer"])).sum() > 0
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=True, motion=True)
+    loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    loss.backward()
+    assert torch.isfinite(loss) and heads.background["motion"].grad is not None
+    assert {"motion", "still", "box_hundreds"} <= set(accuracy) and all(0 <= v <= 1 for v in accuracy.values())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vlmkit.data import shapesworld as sw
-from vlmkit.data.shapes import cell_attributes, cell_labels, cell_owners
+from vlmkit.data.shapes import cell_attributes, cell_labels, cell_owners, video_cell_labels
 
 RELATIONS = {"left", "right", "above", "below"}
 
@@ -303,6 +303,28 @@ def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
     labels = cell_labels(scene)
     assert labels["kind"].tolist() == [[len(sw.KINDS)] * 2 + [sw.KINDS.index("star")],
                                        [sw.KINDS.index("star"), sw.KINDS.index("circle"), sw.KINDS.index("circle")]]
+
+
+def test_video_cell_labels_mark_the_moving_shape_on_both_frames_of_a_slice():
+    # 96 x 64 (2 x 3 cells); a red circle moves right 32 px a frame along row 0 over 3 frames (padded
+    # to 4: slices (0, 1) and (2, 2)); a blue star stands still in cell (1, 0)
+    boxes = [[4, 4, 28, 28], [36, 4, 60, 28], [68, 4, 92, 28]]
+    scene = {"width": 96, "height": 64, "shapes": [
+        {"kind": "star", "colour": "blue", "box": [4, 36, 28, 60]},
+        {"kind": "circle", "colour": "red", "box": boxes[0]},
+    ], "motion": {"target": 1, "direction": "right", "num_frames": 3, "boxes": boxes, "step": 32}}
+    labels = video_cell_labels(scene, cell=32, temporal_patch_size=2)
+    assert {name: a.shape for name, a in labels.items()} == {name: (2, 2, 3) for name in ("kind", "colour", "centre", "motion")}
+    bg, star, circle = len(sw.KINDS), sw.KINDS.index("star"), sw.KINDS.index("circle")
+    right, still = sw.DIRECTIONS.index("right"), len(sw.DIRECTIONS)
+    assert labels["kind"].tolist() == [[[circle, circle, bg], [star, bg, bg]], [[bg, bg, circle], [star, bg, bg]]]
+    assert labels["motion"].tolist() == [[[right, right, still], [still] * 3], [[still, still, right], [still] * 3]]
+    red, blue, bg_colour = list(sw.COLOURS).index("red"), list(sw.COLOURS).index("blue"), len(sw.COLOURS)
+    assert labels["colour"][0].tolist() == [[red, red, bg_colour], [blue, bg_colour, bg_colour]]
+    # centres where the shapes are in each slice's first frame (the circle's at frames 0 and 2)
+    assert labels["centre"].tolist() == [[[1, 0, 0], [1, 0, 0]], [[0, 0, 1], [1, 0, 0]]]
+    # the scene itself is left as it was
+    assert scene["shapes"][1]["box"] == boxes[0]
 
 
 def test_described_messages_put_the_caption_in_place_of_the_image():

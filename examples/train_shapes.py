@@ -7,7 +7,8 @@ Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers
 vlmkit model (merger connector, DeepStack on) and its processor; (3) stage 1, --vision-steps: train
 the vision tower and merger alone on dense labels read off the scene description (every merged token:
 the kind and colour of the shape it shows, scored against the language model's embeddings of those
-names, or background; and whether a shape's centre is in it); (4) stage 2: train the language model
+names, or background; and whether a shape's centre is in it; in the last --motion-steps, clips too,
+and which way the token's shape moves); (4) stage 2: train the language model
 and the DeepStack mergers with Trainer, the tower frozen (--vision-lr-scale 0), on fresh samples
 drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms). It opens with
 --opening-steps of colour, existence and count on full scenes, existence as minimal pairs
@@ -121,11 +122,13 @@ def build_model_and_processor(tokenizer, smoke: bool, connector_type: str = "mer
 # (every merged token: which kind, which colour, whether a shape's centre) teach the tower in minutes.
 DENSE_HEADS = {"kind": len(KINDS) + 1, "colour": len(COLOURS) + 1, "centre": 2}
 IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
-# --motion-stage-1 also shows clips (one sample in len(TASKS)), and every token learns which way the
-# shape it shows moves ("still" on background, on static shapes and on every image token), scored like
-# kind and colour against the words (" left" ...). Without it the tower sees only stills, whose two
-# frames per temporal patch are equal, so the half of the Conv3d patch embedding that sees a frame
-# difference keeps its random init, and a frozen tower cannot learn it in stage 2.
+# In its last --motion-steps, stage 1 also shows clips (one sample in len(TASKS)), and every token
+# learns which way the shape it shows moves ("still" on background, on static shapes and on every
+# image token), scored like kind and colour against the words (" left" ...). Without them the tower
+# sees only stills, whose two frames per temporal patch are equal, so the half of the Conv3d patch
+# embedding that sees a frame difference keeps its random init, and a frozen tower cannot learn it in
+# stage 2. Only the last steps: with clips from the start, kinds were learned far slower (35% of shape
+# tokens at step 2,250 against 80%), while directions need about 1,000 steps (95% of moving tokens).
 STILL = len(DIRECTIONS)
 # --structured-stage-1 also teaches every token what makes a question one look-up instead of a count or
 # a comparison over many tokens (vlmkit.data.shapes.cell_attributes, each by a linear head): the
@@ -251,17 +254,20 @@ def vision_probe(visual, heads, validation) -> dict[str, float]:
     return {k: round(v, 3) for k, v in accuracy.items()}
 
 
-def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tensor, dict[str, float]]:
+def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Stage 1's loss and accuracies on one batch; `motion` (default: whether the heads have a motion
+    head) says whether the labels hold the direction column."""
+    motion = heads.motion if motion is None else motion
     tokens = visual(pixel_values, grid).pooler_output  # (N, D): merged tokens, row-major per image
     if tokens.shape[0] != labels.shape[0]:
         raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
-    names = label_names(bool(heads.structured), heads.motion)
+    names = label_names(bool(heads.structured), motion)
     column = {name: labels[:, i] for i, name in enumerate(names)}
     # -100 (a clip's structured labels) is cross_entropy's ignore_index
     loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names if name != "motion")
-    if heads.motion:
+    if motion:
         # balanced: the moving shape's tokens (about 4% of a batch) weigh as much as all the still ones,
         # or "still everywhere" is a minimum the head does not leave (0-1% on moving tokens at step 750)
         moving = column["motion"] < STILL
@@ -280,7 +286,7 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
             accuracy[name] = hits[name][cells].float().mean().item()
         hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
         accuracy["box_hundreds"] = hundreds[on_shape & (digits[:, 0] >= 0)].float().mean().item()
-    if heads.motion:
+    if motion:
         moving = column["motion"] < STILL
         accuracy["motion"] = hits["motion"][moving].float().mean().item()  # on the moving shape's tokens
         accuracy["still"] = hits["motion"][~moving].float().mean().item()
@@ -288,11 +294,13 @@ def dense_scores(visual, heads, pixel_values, grid, labels) -> tuple[torch.Tenso
 
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int,
-                    eval_every: int, structured: bool = False, motion: bool = False) -> tuple[list[dict], NameHeads]:
+                    eval_every: int, structured: bool = False, motion_steps: int = 0) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
-    STRUCTURED_HEADS' and the box digits; `motion`: clips too, and each token's direction); returns
-    the curve (loss, and on fixed validation images
-    the kind / colour accuracy on shape tokens, and the structured heads' accuracies) and the heads."""
+    STRUCTURED_HEADS' and the box digits; the last `motion_steps`: clips too, and each token's
+    direction); returns the curve (loss, and on fixed validation images (and clips, with
+    motion_steps) the kind / colour accuracy on shape tokens, the direction on moving tokens, and the
+    structured heads' accuracies) and the heads."""
+    motion = motion_steps > 0
     visual = model.model.visual
     heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
                       structured=structured, motion=motion)
@@ -304,7 +312,9 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     visual.train()
     for step in range(1, steps + 1):
         seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
-        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds, structured=structured, motion=motion))
+        clips = step > steps - motion_steps
+        loss, _ = dense_scores(visual, heads, *dense_batch(processor, seeds, structured=structured, motion=clips),
+                               motion=clips)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
@@ -495,9 +505,9 @@ def main() -> None:
     parser.add_argument("--structured-stage-1", action="store_true",
                         help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
                              "rank and box digits, and the background (STRUCTURED_HEADS)")
-    parser.add_argument("--motion-stage-1", action=argparse.BooleanOptionalAction, default=False,
-                        help="stage 1 also shows clips (one sample in seven) and teaches every token which way "
-                             "its shape moves, scored against the direction words")
+    parser.add_argument("--motion-steps", type=int, default=0,
+                        help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
+                             "token which way its shape moves, scored against the direction words (0: stills only)")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
     parser.add_argument("--text-steps", type=int, default=0,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
@@ -526,6 +536,7 @@ def main() -> None:
     if args.smoke:
         args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
         args.vision_steps, args.text_steps, args.opening_steps = 10, 4, 2  # the smoke run checks every stage
+        args.motion_steps = min(args.motion_steps, 5)  # half of stage 1, so both halves run
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -543,17 +554,16 @@ def main() -> None:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
         cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
-        cached_structured, cached_motion = cached.get("structured", False), cached.get("motion", False)
+        cached_structured, cached_motion = cached.get("structured", False), cached.get("motion_steps", 0)
         if ((cached["vision_steps"], cached_vocab, cached_structured, cached_motion)
-                != (args.vision_steps, vocab, args.structured_stage_1, args.motion_stage_1)):
-            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps at vocab {cached_vocab}"
-                             f"{' (structured)' if cached_structured else ''}{' (motion)' if cached_motion else ''}, "
-                             f"not --vision-steps {args.vision_steps} at vocab {vocab}"
-                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}"
-                             f"{' --motion-stage-1' if args.motion_stage_1 else ''}")
+                != (args.vision_steps, vocab, args.structured_stage_1, args.motion_steps)):
+            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps ({cached_motion} with clips) "
+                             f"at vocab {cached_vocab}{' (structured)' if cached_structured else ''}, "
+                             f"not --vision-steps {args.vision_steps} --motion-steps {args.motion_steps} at vocab {vocab}"
+                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}")
         model.load_state_dict(cached["model"])
         heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=args.structured_stage_1, motion=args.motion_stage_1)
+                          structured=args.structured_stage_1, motion=args.motion_steps > 0)
         heads.load_state_dict(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
@@ -561,12 +571,12 @@ def main() -> None:
         vision_start = time.time()
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every, structured=args.structured_stage_1,
-                                       motion=args.motion_stage_1)
+                                       motion_steps=args.motion_steps)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
-                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "motion": args.motion_stage_1,
+                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "motion_steps": args.motion_steps,
                         "minutes": vision_minutes},
                        args.stage1_cache)
 
@@ -597,7 +607,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
-    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1, args.motion_stage_1))
+    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1, args.motion_steps > 0))
                     if heads is not None else None)
     print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
@@ -607,7 +617,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "motion_stage_1": args.motion_stage_1, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
+                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

@@ -343,3 +343,21 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     loss.backward()
     assert torch.isfinite(loss) and heads.background["motion"].grad is not None
     assert {"motion", "still", "box_hundreds"} <= set(accuracy) and all(0 <= v <= 1 for v in accuracy.values())
+
+
+def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monkeypatch):
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    real_batch, calls = train_shapes.dense_batch, []
+
+    def recording_batch(processor, seeds, split="train", structured=False, motion=False):
+        calls.append((split, len(seeds), motion))
+        return real_batch(processor, seeds, split=split, structured=structured, motion=motion)
+
+    monkeypatch.setattr(train_shapes, "dense_batch", recording_batch)
+    curve, heads = train_shapes.pretrain_vision(model, processor, steps=3, batch_size=7, lr=1e-3, seed=0, eval_every=3,
+                                                motion_steps=1)
+    # the validation set (96 validation scenes, clips among them) is built once, then 2 steps of stills, 1 with clips
+    assert calls == [("validation", 96, True), ("train", 7, False), ("train", 7, False), ("train", 7, True)]
+    assert heads.motion and [row["step"] for row in curve] == [3]
+    assert {"motion", "still"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1

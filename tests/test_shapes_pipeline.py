@@ -90,8 +90,12 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
-    assert "holds 10 stage-1 steps at vocab 512, not --vision-steps 10 at vocab 640" in mismatch.stderr
+    assert "holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 640" in mismatch.stderr
     structured, _ = train("--structured-stage-1")  # the cached tower was not taught the structured labels
     assert structured.returncode != 0
-    assert "holds 10 stage-1 steps at vocab 512, not --vision-steps 10 at vocab 512 --structured-stage-1" in structured.stderr
+    assert ("holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 512 "
+            "--structured-stage-1") in structured.stderr
+    motion, _ = train("--motion-steps", "5")  # nor shown clips
+    assert motion.returncode != 0
+    assert "holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 512" in motion.stderr
 

@@ -128,7 +128,7 @@ IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
 # sees only stills, whose two frames per temporal patch are equal, so the half of the Conv3d patch
 # embedding that sees a frame difference keeps its random init, and a frozen tower cannot learn it in
 # stage 2. Only the last steps: with clips from the start, kinds were learned far slower (35% of shape
-# tokens at step 2,250 against 80%), while directions need about 1,000 steps (95% of moving tokens).
+# tokens at step 2,250 against 78%), while directions need about 1,000 steps (95% of moving tokens).
 STILL = len(DIRECTIONS)
 # --structured-stage-1 also teaches every token what makes a question one look-up instead of a count or
 # a comparison over many tokens (vlmkit.data.shapes.cell_attributes, each by a linear head): the

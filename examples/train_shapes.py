@@ -164,8 +164,11 @@ def dense_batch(processor, seeds: list[int], split: str = "train", structured: b
     cell = image_processor.patch_size * image_processor.merge_size  # px each merged token sees
     names = label_names(structured, motion)
     width = len(names) + (BOX_PLACES if structured else 0)
-    inputs = image_processor(images=[s["image"] for s in images], return_tensors="pt")
-    pixel_values, grids, labels = [inputs["pixel_values"]], [inputs["image_grid_thw"]], []
+    pixel_values, grids, labels = [], [], []
+    if images:
+        inputs = image_processor(images=[s["image"] for s in images], return_tensors="pt")
+        pixel_values.append(inputs["pixel_values"])
+        grids.append(inputs["image_grid_thw"])
     for sample in images:
         cells = cell_labels(sample["scene"], cell=cell)
         columns = [cells[k] for k in DENSE_HEADS]  # each (rows, cols)

@@ -339,7 +339,7 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     assert (cells["motion"] == DIRECTIONS.index(clip["answer"])).sum() > 0
     # a batch of clips alone (a validation subset) needs no image
     only_clip = train_shapes.dense_batch(processor, [6], motion=True)
-    assert torch.equal(only_clip[1], grid[-1:]) and torch.equal(only_clip[2], labels[image_tokens:])
+    assert torch.equal(only_clip[1], grid[-1:]) and torch.equal(only_clip[2], labels[image_tokens:, :4])
     heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
                                    structured=True, motion=True)
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)

@@ -453,10 +453,35 @@ class CurveLogger(TrainerCallback):
             print(json.dumps(row), flush=True)
 
 
-def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_scale: float) -> list[dict]:
+PATCH_EMBED_WEIGHT = "model.visual.patch_embed.proj.weight"
+
+
+def learn_frame_difference_only(weight: torch.nn.Parameter) -> None:
+    """Let a Conv3d patch embedding's weight (D, C, 2, p, p) learn only what tells a patch's two
+    frames apart: its gradient keeps its antisymmetric part (h, -h), h = (g0 - g1) / 2. A still image
+    repeats its frame over the temporal patch, so it sees only w0 + w1, which then stays as it was.
+    Built by negation, so that it is exact in floating point: Adam's update of (h, -h) is then exactly
+    (u, -u) too (it would turn the rounding noise of g - mean(g) into full-size steps of one sign),
+    as long as the group has no weight decay."""
+    if weight.shape[2] != 2:
+        raise ValueError(f"frame-difference training needs a temporal patch of 2 frames, got {weight.shape[2]}")
+
+    def antisymmetric(grad: torch.Tensor) -> torch.Tensor:
+        half = (grad[:, :, :1] - grad[:, :, 1:]) / 2  # (D, C, 1, p, p)
+        return torch.cat([half, -half], dim=2)
+
+    weight.register_hook(antisymmetric)
+
+
+def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_scale: float,
+                         frame_difference_lr_scale: float = 0.0) -> list[dict]:
     """Optimizer groups for stage 2: the language model at lr, the vision tower and its merger at
     lr * vision_lr_scale, the DeepStack mergers at lr * deepstack_lr_scale. A scale of 0 freezes its
     parameters (requires_grad off, so no backward pass reaches them at all, not just no update).
+    With frame_difference_lr_scale > 0, the patch embedding's weight leaves the tower's group for one
+    of its own at lr * that scale, without weight decay, learning only the frame-difference part
+    (`learn_frame_difference_only`): over a frozen tower, clips can then change how they embed while
+    every still image's tokens stay exactly those stage 1 taught.
 
     Stage 1 never trains the DeepStack mergers (their outputs feed only the decoder), so over a
     frozen stage-1 tower they would add fixed random projections to the first layers' visual
@@ -464,9 +489,12 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
     def part(name: str) -> str:
         if not name.startswith("model.visual."):
             return "text"
+        if name == PATCH_EMBED_WEIGHT and frame_difference_lr_scale:
+            return "frame_difference"
         return "deepstack" if ".deepstack_merger_list." in name else "tower"
 
-    scales = {"text": 1.0, "tower": vision_lr_scale, "deepstack": deepstack_lr_scale}
+    scales = {"text": 1.0, "tower": vision_lr_scale, "deepstack": deepstack_lr_scale,
+              "frame_difference": frame_difference_lr_scale}
     params: dict[str, list] = {key: [] for key in scales}
     for name, param in model.named_parameters():
         params[part(name)].append(param)
@@ -477,6 +505,9 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
                 param.requires_grad_(False)
         elif params[key]:
             groups.append({"params": params[key], "lr": lr * scale})
+    if frame_difference_lr_scale:
+        learn_frame_difference_only(model.get_parameter(PATCH_EMBED_WEIGHT))
+        groups[-1]["weight_decay"] = 0.0  # decay would shrink the part stills see
     return groups
 
 
@@ -501,6 +532,9 @@ def main() -> None:
     parser.add_argument("--deepstack-lr-scale", type=float, default=1.0,
                         help="stage 2 learning rate of the DeepStack mergers, as a multiple of --lr (stage 1 never "
                              "trains them, so they learn here, also over a frozen tower)")
+    parser.add_argument("--frame-difference-lr-scale", type=float, default=0.0,
+                        help="stage 2 learning rate of the frame-difference part of the patch embedding, as a "
+                             "multiple of --lr (0: frozen with the tower): clips embed anew, stills exactly as before")
     parser.add_argument("--vision-steps", type=int, default=4000,
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17-28 min (by machine) and reach 91%% kind accuracy on shape tokens")
@@ -596,7 +630,8 @@ def main() -> None:
         accelerator_config={"dispatch_batches": False},
     )
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, args.deepstack_lr_scale),
+    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, args.deepstack_lr_scale,
+                                                       args.frame_difference_lr_scale),
                                   lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
@@ -621,7 +656,7 @@ def main() -> None:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
-                   "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
+                   "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,

@@ -288,6 +288,40 @@ def test_train_shapes_stage_2_groups_scale_the_tower_and_the_deepstack_mergers_a
     assert frozen == (tower if tower_scale == 0 else set()) | (deepstack if deepstack_scale == 0 else set())
 
 
+def test_frame_difference_training_changes_clips_and_leaves_stills_as_they_were(tiny_tokenizer):
+    from vlmkit.data import make_sample
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    groups = train_shapes.stage_2_param_groups(model, lr=1e-2, vision_lr_scale=0.0, deepstack_lr_scale=1.0,
+                                               frame_difference_lr_scale=1.0)
+    weight = model.get_parameter(train_shapes.PATCH_EMBED_WEIGHT)
+    trainable_visual = {n for n, p in model.named_parameters() if n.startswith("model.visual.") and p.requires_grad}
+    assert trainable_visual - {train_shapes.PATCH_EMBED_WEIGHT} == {
+        n for n in trainable_visual if ".deepstack_merger_list." in n}
+    assert [g["weight_decay"] for g in groups if g["params"] == [weight]] == [0.0]
+    image = processor.image_processor(images=[make_sample(0, task="colour")["image"]], return_tensors="pt")
+    clip = processor.video_processor(videos=[make_sample(6, task="motion")["video"]], return_tensors="pt",
+                                     video_metadata=[{"fps": 2.0}])
+    visual = model.model.visual
+
+    def tokens(inputs, pixels, grid):
+        return visual(inputs[pixels], inputs[grid]).pooler_output
+
+    seen_by_stills, difference = weight.detach().sum(2).clone(), weight.detach().diff(dim=2).clone()
+    still_before, clip_before = tokens(image, "pixel_values", "image_grid_thw"), tokens(clip, "pixel_values_videos", "video_grid_thw")
+    optimizer = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.01)
+    for _ in range(3):  # the loss reaches the patch embedding through the frozen tower, from the still and the clip
+        loss = tokens(image, "pixel_values", "image_grid_thw").square().sum() + tokens(clip, "pixel_values_videos", "video_grid_thw").sum()
+        loss.backward()
+        optimizer.step(), optimizer.zero_grad()
+    with torch.no_grad():
+        # up to float rounding: (w0 - u) + (w1 + u) need not round to w0 + w1
+        torch.testing.assert_close(tokens(image, "pixel_values", "image_grid_thw"), still_before.detach(), rtol=0, atol=1e-6)
+        assert (tokens(clip, "pixel_values_videos", "video_grid_thw") - clip_before).abs().max() > 1e-2
+        # what stills see (the sum over the temporal patch) did not move; the difference did
+        torch.testing.assert_close(weight.sum(2), seen_by_stills, rtol=0, atol=1e-6)
+        assert (weight.diff(dim=2) - difference).abs().max() > 1e-3
 def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokenizer):
     from vlmkit.data import make_sample
     from vlmkit.data.shapes import cell_attributes, cell_labels

@@ -17,7 +17,8 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
                             "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
                             "--opening-steps", "2", "--lr-schedule", "constant_with_warmup", "--text-every", "4",
-                            "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3"],
+                            "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3",
+                            "--frame-difference-lr-scale", "1"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
@@ -27,6 +28,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["text_steps"] == 4 and log["text_every"] == 4
     assert log["opening_steps"] == 2 and log["opening_tasks"] == "colour,existence,count"
     assert log["lr_schedule"] == "constant_with_warmup"
+    assert log["frame_difference_lr_scale"] == 1.0
     assert [e["step"] for e in log["evals"]] == [10, 20, 26]
     tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
     assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))

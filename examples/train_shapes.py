@@ -514,7 +514,7 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=2400, help="curriculum steps, after the opening")
+    parser.add_argument("--steps", type=int, default=2000, help="curriculum steps, after the opening")
     parser.add_argument("--batch-size", type=int, default=32, help="samples (conversations, with --followups) per step")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
@@ -542,7 +542,7 @@ def main() -> None:
     parser.add_argument("--structured-stage-1", action="store_true",
                         help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
                              "rank and box digits, and the background (STRUCTURED_HEADS)")
-    parser.add_argument("--motion-steps", type=int, default=0,
+    parser.add_argument("--motion-steps", type=int, default=1000,
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
                              "token which way its shape moves, scored against the direction words (0: stills only)")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")

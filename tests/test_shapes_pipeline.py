@@ -35,10 +35,11 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     # stage 1 (dense per-token supervision of the vision tower): 10 steps, one validation probe
     assert log["vision_steps"] == 10 and [row["step"] for row in log["vision_curve"]] == [10]
     probe = log["vision_curve"][0]
-    assert probe["loss"] > 0 and all(0.0 <= probe[k] <= 1.0 for k in ("kind", "colour", "background", "centre"))
+    assert probe["loss"] > 0 and all(0.0 <= probe[k] <= 1.0 for k in ("kind", "colour", "background", "centre", "motion", "still"))
+    assert log["motion_steps"] == 5  # the default 1,000, cut to half of the smoke run's stage 1
     # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
     after = log["vision_after_stage_2"]
-    assert set(after) == {"kind", "colour", "background", "centre"} and all(0.0 <= v <= 1.0 for v in after.values())
+    assert set(after) == {"kind", "colour", "background", "centre", "motion", "still"} and all(0.0 <= v <= 1.0 for v in after.values())
     assert log["existence_group"] == 4
     # every image sample a conversation: its question, then 2 more about the same image, each answer weighing the
     # same; one token per word and per role name, digits split
@@ -92,12 +93,12 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
-    assert "holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 640" in mismatch.stderr
+    assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 640" in mismatch.stderr
     structured, _ = train("--structured-stage-1")  # the cached tower was not taught the structured labels
     assert structured.returncode != 0
-    assert ("holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 512 "
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 512 "
             "--structured-stage-1") in structured.stderr
-    motion, _ = train("--motion-steps", "5")  # nor shown clips
-    assert motion.returncode != 0
-    assert "holds 10 stage-1 steps (0 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 512" in motion.stderr
+    stills, _ = train("--motion-steps", "0")  # the cached tower was shown clips
+    assert stills.returncode != 0
+    assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 512" in stills.stderr
 

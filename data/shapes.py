@@ -375,11 +375,12 @@ def video_cell_labels(scene: dict, cell: int = 32, temporal_patch_size: int = 2,
     out: dict[str, list] = {"kind": [], "colour": [], "centre": [], "motion": []}
     for first in range(0, len(padded), temporal_patch_size):
         slice_frames = padded[first:first + temporal_patch_size]
-        owner = cell_owners(at(slice_frames[0]), cell, min_share)
+        first_frame = at(slice_frames[0])
+        owner = cell_owners(first_frame, cell, min_share)
         for frame in slice_frames[1:]:
             later = cell_owners(at(frame), cell, min_share)
             owner = np.where(owner >= 0, owner, later)
-        labels = cell_labels(at(slice_frames[0]), cell, min_share, owner=owner)  # centre: in the first frame
+        labels = cell_labels(first_frame, cell, min_share, owner=owner)  # centre: in the first frame
         for name in ("kind", "colour", "centre"):
             out[name].append(labels[name])
         out["motion"].append(np.where(owner == target, DIRECTIONS.index(motion["direction"]), len(DIRECTIONS)))

@@ -215,7 +215,6 @@ class NameHeads(torch.nn.Module):
         self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
         if motion:
             self.name_ids["motion"] = name_token_ids(tokenizer, DIRECTIONS)
-        self.motion = motion
         self.background = torch.nn.ParameterDict({
             name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in self.name_ids})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
@@ -223,6 +222,10 @@ class NameHeads(torch.nn.Module):
         self.structured = torch.nn.ModuleDict(
             {name: torch.nn.Linear(width, classes) for name, classes in STRUCTURED_HEADS.items()}
             | {"box_digits": torch.nn.Linear(width, BOX_PLACES * BOX_VALUES)} if structured else {})
+
+    @property
+    def motion(self) -> bool:
+        return "motion" in self.name_ids
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         directions = torch.nn.functional.normalize(tokens, dim=-1)  # (N, D)
@@ -290,7 +293,6 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
         hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
         accuracy["box_hundreds"] = hundreds[on_shape & (digits[:, 0] >= 0)].float().mean().item()
     if motion:
-        moving = column["motion"] < STILL
         accuracy["motion"] = hits["motion"][moving].float().mean().item()  # on the moving shape's tokens
         accuracy["still"] = hits["motion"][~moving].float().mean().item()
     return loss, accuracy
@@ -504,10 +506,10 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
             for param in params[key]:
                 param.requires_grad_(False)
         elif params[key]:
-            groups.append({"params": params[key], "lr": lr * scale})
+            # no decay on the frame-difference part: it would shrink the part stills see
+            groups.append({"params": params[key], "lr": lr * scale} | ({"weight_decay": 0.0} if key == "frame_difference" else {}))
     if frame_difference_lr_scale:
         learn_frame_difference_only(model.get_parameter(PATCH_EMBED_WEIGHT))
-        groups[-1]["weight_decay"] = 0.0  # decay would shrink the part stills see
     return groups
 
 

@@ -55,7 +55,18 @@ from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
-FEATURES = ("count", "layout")
+# --features takes cell_attributes' names, or a group of them
+FEATURE_GROUPS = {"count": ("total", "colour_count", "kind_count"),
+                  "layout": ("size", "rank", "background_type", "where", "box_digits")}
+FEATURES = tuple(name for names in FEATURE_GROUPS.values() for name in names)
+
+
+def expand_features(names: tuple[str, ...]) -> tuple[str, ...]:
+    """("count", "where") -> ("total", "colour_count", "kind_count", "where"); unknown names raise."""
+    unknown = sorted(set(names) - set(FEATURES) - set(FEATURE_GROUPS))
+    if unknown:
+        raise ValueError(f"unknown feature(s) {unknown}; choose from {', '.join((*FEATURE_GROUPS, *FEATURES))}")
+    return tuple(dict.fromkeys(f for name in names for f in FEATURE_GROUPS.get(name, (name,))))
 MAX_SHAPES = train_shapes.MAX_SHAPES  # the count and rank tables cover scenes of up to this many shapes
 
 
@@ -82,10 +93,7 @@ class IdealTower(torch.nn.Module):
 
     def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32, features: tuple[str, ...] = ()):
         super().__init__()
-        unknown = sorted(set(features) - set(FEATURES))
-        if unknown:
-            raise ValueError(f"unknown feature group(s) {unknown}; choose from {', '.join(FEATURES)}")
-        self.embed, self.cell, self.scenes, self.features = embed, cell, [], tuple(features)
+        self.embed, self.cell, self.scenes, self.features = embed, cell, [], expand_features(tuple(features))
         self.kind_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, KINDS)])
         self.colour_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, COLOURS)])
         width, scale = embed.embedding_dim, embed.weight.std().item()
@@ -98,14 +106,12 @@ class IdealTower(torch.nn.Module):
             return rows_
 
         # the structured tower's extras, by cell_attributes' names: learned tables (classes) or maps (floats)
-        self.extras = torch.nn.ModuleDict()
-        if "count" in self.features:
-            self.extras.update(dict(total=table(MAX_SHAPES + 1), colour_count=table(MAX_SHAPES + 1),
-                                    kind_count=table(MAX_SHAPES + 1)))
-        if "layout" in self.features:
-            self.extras.update(dict(size=table(len(SIZES) + 1), rank=table(MAX_SHAPES + 1),
-                                    background_type=table(len(BACKGROUNDS)), where=torch.nn.Linear(2, width, bias=False),
-                                    box_digits=SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale)))
+        makers = dict(total=lambda: table(MAX_SHAPES + 1), colour_count=lambda: table(MAX_SHAPES + 1),
+                      kind_count=lambda: table(MAX_SHAPES + 1), size=lambda: table(len(SIZES) + 1),
+                      rank=lambda: table(MAX_SHAPES + 1), background_type=lambda: table(len(BACKGROUNDS)),
+                      where=lambda: torch.nn.Linear(2, width, bias=False),
+                      box_digits=lambda: SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale))
+        self.extras = torch.nn.ModuleDict({name: makers[name]() for name in self.features})
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,11 +176,12 @@ def main() -> None:
     parser.add_argument("--question-first", action="store_true",
                         help="the question before the image in the user turn, so the visual tokens can attend to it")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated image tasks to train and score, in turn")
-    parser.add_argument("--features", default="", help=f"--tower ideal: comma-separated extras ({', '.join(FEATURES)})")
+    parser.add_argument("--features", default="", help=f"--tower ideal: comma-separated extras, groups ({', '.join(FEATURE_GROUPS)}) "
+                        f"or single cell_attributes ({', '.join(FEATURES)})")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
     parser.add_argument("--json", help="also write the curve here")
     args = parser.parse_args()
-    tasks, features = tuple(args.tasks.split(",")), tuple(f for f in args.features.split(",") if f)
+    tasks, features = tuple(args.tasks.split(",")), expand_features(tuple(f for f in args.features.split(",") if f))
     if "motion" in tasks or not set(tasks) <= set(train_shapes.IMAGE_TASKS):
         raise ValueError(f"--tasks takes image tasks ({', '.join(train_shapes.IMAGE_TASKS)}), got {args.tasks}")
     if features and args.tower != "ideal":

@@ -231,8 +231,12 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     expected += sum(extras["box_digits"].rows.weight[12 * slot + digits[:, slot]] for slot in range(12))
     assert sorted(extras) == ["background_type", "box_digits", "colour_count", "kind_count", "rank", "size", "total", "where"]
     assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
-    with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['colour'\]; choose from count, layout"):
+    with pytest.raises(ValueError, match=r"unknown feature\(s\) \['colour'\]; choose from count, layout, total, "):
         probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))
+    # single attributes and groups mix; each attribute is added once
+    assert list(probe.IdealTower(embed, tiny_tokenizer, features=("where",)).extras) == ["where"]
+    assert list(probe.IdealTower(embed, tiny_tokenizer, features=("kind_count", "count")).extras) == [
+        "kind_count", "total", "colour_count"]
 
 
 def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_path):
@@ -264,7 +268,7 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
-    assert log["features"] == ["count", "layout"] and log["tasks"] == ["position", "grounding"]
+    assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding"]
     assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding")
                                                                               for n in probe.SHAPE_COUNTS])
 

@@ -130,28 +130,52 @@ IMAGE_TASKS = tuple(t for t in TASKS if t != "motion")
 # stage 2. Only the last steps: with clips from the start, kinds were learned far slower (35% of shape
 # tokens at step 2,250 against 78%), while directions need about 1,000 steps (95% of moving tokens).
 STILL = len(DIRECTIONS)
-# --structured-stage-1 also teaches every token what makes a question one look-up instead of a count or
+# --structured-heads also teach every token what makes a question one look-up instead of a count or
 # a comparison over many tokens (vlmkit.data.shapes.cell_attributes, each by a linear head): the
 # scene's shape count, how many shapes share this one's colour / kind (0 on background, the answer
 # when the colour or kind asked about is absent), its size, its left-to-right rank (the background
-# ranks after the last shape: what a caption says after it), the background type, and the digits of
-# its relative box in 12 places (11 on background). examples/probe_ideal_tower.py --features measures
-# what these buy the language model when they are exact.
+# ranks after the last shape: what a caption says after it), the background type, the digits of
+# its relative box in 12 places (11 on background), and where the cell is (x and y as fractions of
+# the image, regressed: the language model's rotary positions never reach a token's value, so a
+# comparison of two shapes' places needs the place in the token itself). examples/probe_ideal_tower.py
+# --features measures what these buy the language model when they are exact.
 MAX_SHAPES = 5
 STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "kind_count": MAX_SHAPES + 1,
                     "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
 BOX_PLACES, BOX_VALUES = 12, 12
+WHERE_SCALE = 1000  # "where" travels in the int64 label columns as permille of the image's width and height
+STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where")
+STRUCTURED_GROUPS = {"count": ("total", "colour_count", "kind_count"),
+                     "layout": ("size", "rank", "background_type", "box_digits", "where"),
+                     "all": STRUCTURED_CHOICES}
 
 
-def label_names(structured: bool, motion: bool) -> list[str]:
-    """The label columns of dense_batch, in order (the 12 box digits follow with `structured`)."""
-    return [*DENSE_HEADS, *(["motion"] if motion else []), *(STRUCTURED_HEADS if structured else [])]
+def structured_heads(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """"count,where" -> ("total", "colour_count", "kind_count", "where"): names and groups
+    (STRUCTURED_GROUPS) expanded, in STRUCTURED_CHOICES' order; unknown names raise."""
+    names = [n for n in (spec.split(",") if isinstance(spec, str) else spec) if n]
+    unknown = sorted(set(names) - set(STRUCTURED_CHOICES) - set(STRUCTURED_GROUPS))
+    if unknown:
+        raise ValueError(f"unknown structured head(s) {unknown}; choose from "
+                         f"{', '.join((*STRUCTURED_GROUPS, *STRUCTURED_CHOICES))}")
+    chosen = {h for n in names for h in STRUCTURED_GROUPS.get(n, (n,))}
+    return tuple(h for h in STRUCTURED_CHOICES if h in chosen)
 
 
-def dense_batch(processor, seeds: list[int], split: str = "train", structured: bool = False, motion: bool = False):
+def label_names(structured: tuple[str, ...], motion: bool) -> list[str]:
+    """The one-column labels of dense_batch, in order; the 12 box digits, then where's x and y follow
+    when `structured` has them."""
+    return [*DENSE_HEADS, *(["motion"] if motion else []), *(h for h in STRUCTURED_HEADS if h in structured)]
+
+
+def label_width(structured: tuple[str, ...], motion: bool) -> int:
+    return len(label_names(structured, motion)) + BOX_PLACES * ("box_digits" in structured) + 2 * ("where" in structured)
+
+
+def dense_batch(processor, seeds: list[int], split: str = "train", structured: tuple[str, ...] = (), motion: bool = False):
     """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, grid_thw and
     (N_tokens, columns) labels (`label_names`: kind, colour, centre; with `motion`, the direction;
-    with `structured`, STRUCTURED_HEADS' labels and the 12 box digits), token-aligned with the tower's
+    with `structured`, those heads' labels), token-aligned with the tower's
     merged output. With `motion`, every len(TASKS)-th sample is a clip: the clips' patches, grids
     and labels follow the images' (a clip's tokens run over its temporal slices; its structured
     labels are -100, ignored: they describe still scenes)."""
@@ -162,8 +186,7 @@ def dense_batch(processor, seeds: list[int], split: str = "train", structured: b
     images, clips = [s for s in samples if s["video"] is None], [s for s in samples if s["video"] is not None]
     image_processor = processor.image_processor
     cell = image_processor.patch_size * image_processor.merge_size  # px each merged token sees
-    names = label_names(structured, motion)
-    width = len(names) + (BOX_PLACES if structured else 0)
+    width = label_width(structured, motion)
     pixel_values, grids, labels = [], [], []
     if images:
         inputs = image_processor(images=[s["image"] for s in images], return_tensors="pt")
@@ -176,7 +199,11 @@ def dense_batch(processor, seeds: list[int], split: str = "train", structured: b
             columns.append(np.full_like(cells["kind"], STILL))
         if structured:
             attributes = cell_attributes(sample["scene"], cell=cell)
-            columns += [attributes[k] for k in STRUCTURED_HEADS] + list(np.moveaxis(attributes["box_digits"], -1, 0))
+            columns += [attributes[k] for k in STRUCTURED_HEADS if k in structured]
+            if "box_digits" in structured:
+                columns += list(np.moveaxis(attributes["box_digits"], -1, 0))
+            if "where" in structured:
+                columns += list(np.moveaxis(np.rint(attributes["where"] * WHERE_SCALE).astype(np.int64), -1, 0))
         labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (rows*cols, columns)
     if clips:
         videos = processor.video_processor(videos=[s["video"] for s in clips], return_tensors="pt",
@@ -209,7 +236,7 @@ class NameHeads(torch.nn.Module):
     linear head. With `motion`, a token's direction is scored the same way against " left", " right",
     " up", " down" and a learned "still" vector."""
 
-    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: bool = False, motion: bool = False):
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: tuple[str, ...] = (), motion: bool = False):
         super().__init__()
         self.embed = embed  # the language model's: stage 1 trains the name rows too
         self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
@@ -219,9 +246,9 @@ class NameHeads(torch.nn.Module):
             name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in self.name_ids})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
         self.centre = torch.nn.Linear(width, DENSE_HEADS["centre"])
-        self.structured = torch.nn.ModuleDict(
-            {name: torch.nn.Linear(width, classes) for name, classes in STRUCTURED_HEADS.items()}
-            | {"box_digits": torch.nn.Linear(width, BOX_PLACES * BOX_VALUES)} if structured else {})
+        outputs = {**STRUCTURED_HEADS, "box_digits": BOX_PLACES * BOX_VALUES, "where": 2}
+        self.structured = torch.nn.ModuleDict({name: torch.nn.Linear(width, outputs[name])
+                                               for name in structured_heads(tuple(structured))})
 
     @property
     def motion(self) -> bool:
@@ -243,7 +270,7 @@ class NameHeads(torch.nn.Module):
         return logits
 
 
-def vision_validation(processor, structured: bool = False, motion: bool = False):
+def vision_validation(processor, structured: tuple[str, ...] = (), motion: bool = False):
     """The fixed validation images (and labels; clips too with `motion`) stage 1's accuracies are measured on."""
     return dense_batch(processor, list(range(96)), split="validation", structured=structured, motion=motion)
 
@@ -269,7 +296,8 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
         raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
-    names = label_names(bool(heads.structured), motion)
+    structured = tuple(heads.structured)
+    names = label_names(structured, motion)
     column = {name: labels[:, i] for i, name in enumerate(names)}
     # -100 (a clip's structured labels) is cross_entropy's ignore_index
     loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names if name != "motion")
@@ -283,15 +311,23 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     hits = {name: logits[name].argmax(-1) == column[name] for name in names}
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][on_shape].float().mean().item(),
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
-    if heads.structured:
-        digits = labels[:, len(names):]  # (N, 12)
+    for name in (h for h in STRUCTURED_HEADS if h in structured):  # the scene-wide ones over every cell, the rest over shape cells
+        labelled = column[name] >= 0
+        cells = labelled if name in ("total", "background_type") else labelled & on_shape
+        accuracy[name] = hits[name][cells].float().mean().item()
+    rest = labels[:, len(names):]  # (N, 12 box digits, then where's x and y, as `structured` has them)
+    if "box_digits" in structured:
+        digits, rest = rest[:, :BOX_PLACES], rest[:, BOX_PLACES:]  # (N, 12)
         loss = loss + torch.nn.functional.cross_entropy(logits["box_digits"].flatten(0, 1), digits.flatten())
-        for name in STRUCTURED_HEADS:  # the scene-wide ones over every cell, the rest over shape cells
-            labelled = column[name] >= 0
-            cells = labelled if name in ("total", "background_type") else labelled & on_shape
-            accuracy[name] = hits[name][cells].float().mean().item()
         hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
         accuracy["box_hundreds"] = hundreds[on_shape & (digits[:, 0] >= 0)].float().mean().item()
+    if "where" in structured:
+        labelled = rest[:, 0] >= 0  # clips' tokens hold -100
+        target = rest[labelled].float() / WHERE_SCALE  # (n, 2) x, y in [0, 1]
+        error = logits["where"][labelled] - target
+        # a uniform coordinate has variance 1/12: times 12, predicting the mean costs 1, as a coin costs ln 2 in a CE
+        loss = loss + 12 * error.pow(2).mean()
+        accuracy["where"] = (error.abs() < 0.1).all(-1)[on_shape[labelled]].float().mean().item()  # both within a tenth
     if motion:
         accuracy["motion"] = hits["motion"][moving].float().mean().item()  # on the moving shape's tokens
         accuracy["still"] = hits["motion"][~moving].float().mean().item()
@@ -299,9 +335,9 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
 
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int,
-                    eval_every: int, structured: bool = False, motion_steps: int = 0) -> tuple[list[dict], NameHeads]:
+                    eval_every: int, structured: tuple[str, ...] = (), motion_steps: int = 0) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
-    STRUCTURED_HEADS' and the box digits; the last `motion_steps`: clips too, and each token's
+    those heads' (STRUCTURED_CHOICES); the last `motion_steps`: clips too, and each token's
     direction); returns the curve (loss, and on fixed validation images (and clips, with
     motion_steps) the kind / colour accuracy on shape tokens, the direction on moving tokens, and the
     structured heads' accuracies) and the heads."""
@@ -541,9 +577,10 @@ def main() -> None:
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17-28 min (by machine) and reach 91%% kind accuracy on shape tokens")
     parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
-    parser.add_argument("--structured-stage-1", action="store_true",
-                        help="stage 1 also teaches every token the scene's counts, its shape's size, left-to-right "
-                             "rank and box digits, and the background (STRUCTURED_HEADS)")
+    parser.add_argument("--structured-heads", default="",
+                        help="stage 1 also teaches every token these (comma-separated; STRUCTURED_CHOICES or the groups "
+                             "count, layout, all): the scene's counts, its shape's size, left-to-right rank and box "
+                             "digits, the background, where the cell is")
     parser.add_argument("--motion-steps", type=int, default=1000,
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
                              "token which way its shape moves, scored against the direction words (0: stills only)")
@@ -572,6 +609,7 @@ def main() -> None:
                              "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
+    structured = structured_heads(args.structured_heads)
     if args.smoke:
         args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
         args.vision_steps, args.text_steps, args.opening_steps = 10, 4, 2  # the smoke run checks every stage
@@ -593,29 +631,29 @@ def main() -> None:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
         cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
-        cached_structured, cached_motion = cached.get("structured", False), cached.get("motion_steps", 0)
+        cached_structured, cached_motion = tuple(cached.get("structured", ())), cached.get("motion_steps", 0)
         if ((cached["vision_steps"], cached_vocab, cached_structured, cached_motion)
-                != (args.vision_steps, vocab, args.structured_stage_1, args.motion_steps)):
+                != (args.vision_steps, vocab, structured, args.motion_steps)):
             raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps ({cached_motion} with clips) "
-                             f"at vocab {cached_vocab}{' (structured)' if cached_structured else ''}, "
+                             f"at vocab {cached_vocab}{' with heads ' + ','.join(cached_structured) if cached_structured else ''}, "
                              f"not --vision-steps {args.vision_steps} --motion-steps {args.motion_steps} at vocab {vocab}"
-                             f"{' --structured-stage-1' if args.structured_stage_1 else ''}")
+                             f"{' --structured-heads ' + ','.join(structured) if structured else ''}")
         model.load_state_dict(cached["model"])
         heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=args.structured_stage_1, motion=args.motion_steps > 0)
+                          structured=structured, motion=args.motion_steps > 0)
         heads.load_state_dict(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
     elif args.vision_steps:
         vision_start = time.time()
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
-                                       eval_every=args.eval_every, structured=args.structured_stage_1,
+                                       eval_every=args.eval_every, structured=structured,
                                        motion_steps=args.motion_steps)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
-                        "vision_steps": args.vision_steps, "structured": args.structured_stage_1, "motion_steps": args.motion_steps,
+                        "vision_steps": args.vision_steps, "structured": structured, "motion_steps": args.motion_steps,
                         "minutes": vision_minutes},
                        args.stage1_cache)
 
@@ -647,7 +685,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
-    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, args.structured_stage_1, args.motion_steps > 0))
+    vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, structured, args.motion_steps > 0))
                     if heads is not None else None)
     print(json.dumps({"vision_after_stage_2": vision_after}), flush=True)
 
@@ -657,7 +695,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "structured_stage_1": args.structured_stage_1, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
+                   "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

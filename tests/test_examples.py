@@ -333,22 +333,58 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     train_shapes = load_example("train_shapes")
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     seeds = [3, 4, 5]
+    everything = train_shapes.structured_heads("all")
+    assert everything == (*train_shapes.STRUCTURED_HEADS, "box_digits", "where")
     plain = train_shapes.dense_batch(processor, seeds)
-    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=True)
-    assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=everything)
+    assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12 + 2
     # the same samples as dense_batch draws them: row-major cells, image after image
     scenes = [make_sample(seed, task=train_shapes.IMAGE_TASKS[seed % 6], difficulty=seed // 6 % 3)["scene"] for seed in seeds]
     cells = [cell_attributes(scene) for scene in scenes]
     assert sum(cell_labels(scene)["kind"].size for scene in scenes) == len(labels)
     for i, name in enumerate(train_shapes.STRUCTURED_HEADS):
         assert labels[:, 3 + i].tolist() == [v for c in cells for v in c[name].flatten().tolist()], name
-    assert labels[:, 9:].tolist() == [row for c in cells for row in c["box_digits"].reshape(-1, 12).tolist()]
+    assert labels[:, 9:21].tolist() == [row for c in cells for row in c["box_digits"].reshape(-1, 12).tolist()]
+    # where: the cell's centre in permille of the image's width and height, x first
+    assert labels[:, 21:].tolist() == [[round(1000 * x), round(1000 * y)] for c in cells for x, y in c["where"].reshape(-1, 2).tolist()]
+    first = cells[0]["where"].shape[:2]  # (rows, cols) of the first image: its top-left and bottom-right cells
+    assert labels[0, 21:].tolist() == [round(500 / first[1]), round(500 / first[0])]
+    assert labels[first[0] * first[1] - 1, 21:].tolist() == [1000 - round(500 / first[1]), 1000 - round(500 / first[0])]
     heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
-                                   structured=True)
+                                   structured=everything)
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in heads.structured.parameters())
-    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds"])
+    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds", "where"])
+    # one group or one head alone: only its columns and its heads
+    assert train_shapes.structured_heads("where,count") == ("total", "colour_count", "kind_count", "where")
+    _, _, few = train_shapes.dense_batch(processor, seeds, structured=("kind_count", "where"))
+    assert torch.equal(few, labels[:, [0, 1, 2, 5, 21, 22]])
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=("kind_count", "where"))
+    _, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, few)
+    assert sorted(accuracy) == ["background", "centre", "colour", "kind", "kind_count", "where"]
+    with pytest.raises(ValueError, match=r"unknown structured head\(s\) \['places'\]; choose from count, layout, all, total"):
+        train_shapes.structured_heads("count,places")
+
+
+def test_where_head_is_scored_as_a_normalised_squared_error_on_image_tokens(tiny_tokenizer):
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=("where",), motion=True)
+    pixels, grid, labels = train_shapes.dense_batch(processor, [5, 6], structured=("where",), motion=True)  # an image, a clip
+    assert (labels[:, 4:] >= 0).sum() == 2 * int(grid[0, 1:].prod()) // 4  # the image's cells are labelled, the clip's -100
+    with_where, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    tokens = model.model.visual(pixels, grid).pooler_output
+    image = labels[:, 4] >= 0
+    expected = 12 * (heads.structured["where"](tokens[image]) - labels[image, 4:].float() / 1000).pow(2).mean()
+    plain = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   motion=True)
+    plain.load_state_dict(heads.state_dict(), strict=False)  # the same name heads, without where
+    without = train_shapes.dense_scores(model.model.visual, plain, pixels, grid, labels[:, :4])[0]
+    assert 0 <= accuracy["where"] <= 1
+    torch.testing.assert_close(with_where - without, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):
@@ -359,15 +395,16 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     seeds = [5, 6, 7]  # seed 6 is TASKS[6], motion: a clip
     assert TASKS[6] == "motion"
-    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=True, motion=True)
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=train_shapes.STRUCTURED_CHOICES, motion=True)
     samples = [make_sample(seed, task=TASKS[seed % 7], difficulty=seed // 7 % 3) for seed in seeds]
     clip = samples[1]
     frames = clip["scene"]["motion"]["num_frames"]
     # the images' grids first, then the clip's: (ceil(frames / 2), rows, cols) in patches
     assert grid[-1].tolist() == [-(-frames // 2), clip["scene"]["height"] // 16, clip["scene"]["width"] // 16]
     assert grid[:, 0].tolist()[:2] == [1, 1] and int(grid.prod(-1).sum()) == len(pixels)
-    # columns: kind, colour, centre, motion, the 6 structured heads, 12 box digits
-    assert train_shapes.label_names(True, True)[:4] == ["kind", "colour", "centre", "motion"] and labels.shape[1] == 4 + 6 + 12
+    # columns: kind, colour, centre, motion, the 6 structured heads, 12 box digits, where's x and y
+    assert train_shapes.label_names(("total",), True) == ["kind", "colour", "centre", "motion", "total"]
+    assert labels.shape[1] == 4 + 6 + 12 + 2
     image_tokens = sum(s["scene"]["height"] // 32 * s["scene"]["width"] // 32 for s in (samples[0], samples[2]))
     assert (labels[:image_tokens, 3] == len(DIRECTIONS)).all()  # images: still everywhere
     cells = video_cell_labels(clip["scene"])
@@ -379,11 +416,11 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     only_clip = train_shapes.dense_batch(processor, [6], motion=True)
     assert torch.equal(only_clip[1], grid[-1:]) and torch.equal(only_clip[2], labels[image_tokens:, :4])
     heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
-                                   structured=True, motion=True)
+                                   structured=train_shapes.STRUCTURED_CHOICES, motion=True)
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and heads.background["motion"].grad is not None
-    assert {"motion", "still", "box_hundreds"} <= set(accuracy) and all(0 <= v <= 1 for v in accuracy.values())
+    assert {"motion", "still", "box_hundreds", "where"} <= set(accuracy) and all(0 <= v <= 1 for v in accuracy.values())
 
 
 def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monkeypatch):
@@ -391,7 +428,7 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     real_batch, calls = train_shapes.dense_batch, []
 
-    def recording_batch(processor, seeds, split="train", structured=False, motion=False):
+    def recording_batch(processor, seeds, split="train", structured=(), motion=False):
         calls.append((split, len(seeds), motion))
         return real_batch(processor, seeds, split=split, structured=structured, motion=motion)
 

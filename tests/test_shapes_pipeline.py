@@ -94,10 +94,10 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
     assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 640" in mismatch.stderr
-    structured, _ = train("--structured-stage-1")  # the cached tower was not taught the structured labels
+    structured, _ = train("--structured-heads", "where,count")  # the cached tower was not taught the structured labels
     assert structured.returncode != 0
     assert ("holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 512 "
-            "--structured-stage-1") in structured.stderr
+            "--structured-heads total,colour_count,kind_count,where") in structured.stderr
     stills, _ = train("--motion-steps", "0")  # the cached tower was shown clips
     assert stills.returncode != 0
     assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 512" in stills.stderr

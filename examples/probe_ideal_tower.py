@@ -72,13 +72,14 @@ MAX_SHAPES = train_shapes.MAX_SHAPES  # the count and rank tables cover scenes o
 
 class SlotTables(torch.nn.Module):
     """One learned table per slot, summed: (N, slots) ints in 0..values-1 -> (N, width). The box's
-    digits, say: the digit in x1's hundreds place and the one in its tens place get different rows."""
+    digits, say: the digit in x1's hundreds place and the one in its tens place get different rows.
+    Rows start at scale / sqrt(slots), so that their sum has the norm of one `scale` row."""
 
     def __init__(self, slots: int, values: int, width: int, scale: float):
         super().__init__()
         self.values = values
         self.rows = torch.nn.Embedding(slots * values, width)
-        torch.nn.init.normal_(self.rows.weight, std=scale)
+        torch.nn.init.normal_(self.rows.weight, std=scale / slots ** 0.5)
 
     def forward(self, index: torch.Tensor) -> torch.Tensor:
         offsets = torch.arange(index.shape[-1]) * self.values  # (slots,)
@@ -105,11 +106,18 @@ class IdealTower(torch.nn.Module):
             torch.nn.init.normal_(rows_.weight, std=scale)
             return rows_
 
+        def place_map() -> torch.nn.Linear:
+            # at the scale of a word row too: nn.Linear's own init (fan-in 2) gave a vector 15-18 times a
+            # name's norm, which buried the names and kept every --features run with it at chance
+            linear = torch.nn.Linear(2, width, bias=False)
+            torch.nn.init.normal_(linear.weight, std=scale)
+            return linear
+
         # the structured tower's extras, by cell_attributes' names: learned tables (classes) or maps (floats)
         makers = dict(total=lambda: table(MAX_SHAPES + 1), colour_count=lambda: table(MAX_SHAPES + 1),
                       kind_count=lambda: table(MAX_SHAPES + 1), size=lambda: table(len(SIZES) + 1),
                       rank=lambda: table(MAX_SHAPES + 1), background_type=lambda: table(len(BACKGROUNDS)),
-                      where=lambda: torch.nn.Linear(2, width, bias=False),
+                      where=place_map,
                       box_digits=lambda: SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale))
         self.extras = torch.nn.ModuleDict({name: makers[name]() for name in self.features})
 

@@ -214,6 +214,7 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     from vlmkit.data import make_sample
     from vlmkit.data.shapes import cell_attributes
 
+    torch.manual_seed(0)
     embed = torch.nn.Embedding(len(tiny_tokenizer), 16)
     plain, structured = (probe.IdealTower(embed, tiny_tokenizer, features=f) for f in ((), ("count", "layout")))
     structured.load_state_dict(plain.state_dict(), strict=False)  # same background and centre vectors
@@ -233,6 +234,11 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
     with pytest.raises(ValueError, match=r"unknown feature\(s\) \['colour'\]; choose from count, layout, total, "):
         probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))
+    # every extra starts at about a name's norm, so that none buries the names (where's default nn.Linear
+    # init was 15-18 times as large)
+    name_norm = embed.weight.norm(dim=-1).mean()
+    for name, value in (("where", torch.tensor([[1.0, 0.0]])), ("box_digits", digits[:1]), ("rank", torch.tensor([1]))):
+        assert 0.5 < extras[name](value).norm() / name_norm < 2, name
     # single attributes and groups mix; each attribute is added once
     assert list(probe.IdealTower(embed, tiny_tokenizer, features=("where",)).extras) == ["where"]
     assert list(probe.IdealTower(embed, tiny_tokenizer, features=("kind_count", "count")).extras) == [

@@ -640,6 +640,47 @@ def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
+def position_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """`count` (even) position questions about one sample's scene, as samples in shuffled order: half
+    the pairs of shapes it asks about, each asked both ways ("Where is A relative to B?" and "... B
+    relative to A?"), whose answers are opposite.
+
+    The counterpart of `existence_questions` for position: side by side in one batch, the two orders
+    of a pair name the same two shapes and differ only in which comes first, so the answer prior
+    cancels and only binding each name to its own shape lowers the loss. The pairs are drawn from
+    the shapes whose colour and kind are unique in the scene and that stand in one clear relation
+    (`relation` with the scene's position margin; a position sample always has one such pair).
+
+    Deterministic in (sample, seed, count); held-out colour-kind pairs are never named unless the
+    sample is itself held-out."""
+    if count < 2 or count % 2:
+        raise ValueError(f"count must be even and at least 2 (each pair asked both ways), got {count}")
+    rng = np.random.default_rng([int(seed), int(count), 0x9051])
+    scene = sample["scene"]
+    combos = Counter((s["colour"], s["kind"]) for s in scene["shapes"])
+    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
+    unique = [s for s in scene["shapes"] if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
+    margin = _position_margin(scene["width"], scene["height"])
+    pairs = [(a, b) for i, a in enumerate(unique) for b in unique[i + 1:] if relation(a["box"], b["box"], margin)]
+    if not pairs:
+        raise ValueError(f"no two shapes of unique, allowed colour and kind stand in a clear relation in the scene "
+                         f"({len(scene['shapes'])} shapes, {len(unique)} unique)")
+    asked = []
+    for _ in range(count // 2):
+        a, b = pairs[int(rng.integers(len(pairs)))]
+        asked += [(a, b), (b, a)]
+    questions = []
+    for i in rng.permutation(count):
+        a, b = asked[i]
+        template = int(rng.integers(len(TEMPLATES["position"])))
+        query = {"a": {"colour": a["colour"], "kind": a["kind"]}, "b": {"colour": b["colour"], "kind": b["kind"]}}
+        questions.append(dict(sample, task="position", template=template, answer=relation(a["box"], b["box"], margin),
+                              question=TEMPLATES["position"][template].format(a=f"{a['colour']} {a['kind']}",
+                                                                             b=f"{b['colour']} {b['kind']}"),
+                              query=query))
+    return questions
+
+
 def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = TASKS) -> list[dict]:
     """Up to `count` more questions about one image sample's scene, as samples sharing its image (task,
     question, answer, query and template replaced), for a conversation that asks them one after

@@ -48,7 +48,9 @@ import train_shapes  # noqa: E402  (the example next to this one: tokenizer, mod
 
 import vlmkit  # noqa: E402
 from vlmkit.cli import answer_samples  # noqa: E402
-from vlmkit.data import BACKGROUNDS, COLOURS, KINDS, as_messages, existence_questions, make_sample  # noqa: E402
+from vlmkit.data import (  # noqa: E402
+    BACKGROUNDS, COLOURS, KINDS, as_messages, existence_questions, make_sample, position_questions,
+)
 from vlmkit.data.shapes import SIZES, cell_attributes, cell_labels, iou, parse_box  # noqa: E402
 from vlmkit.modeling.modeling_vlmkit import VLMKitVisualOutput  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
@@ -150,19 +152,22 @@ class IdealTower(torch.nn.Module):
 
 
 def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int],
-                     tasks: tuple[str, ...] = TASKS) -> list[dict]:
+                     tasks: tuple[str, ...] = TASKS, position_group: int = 1) -> list[dict]:
     """A batch of fresh samples, the tasks in turn. With `group` > 1, consecutive existence slots
     take the `group` minimal-pair questions about one scene (`existence_questions`) one after the
-    other, so they share the batch and the task mix stays the same."""
-    samples, pending = [], []
+    other, so they share the batch and the task mix stays the same; `position_group` does the same
+    for position (`position_questions`: each pair of shapes asked both ways)."""
+    grouped = {"existence": (group, existence_questions), "position": (position_group, position_questions)}
+    samples, pending = [], {task: [] for task in grouped}
     for index in range(batch_size):
         seed = 1_000_003 * (step + 1) + index
         task = tasks[index % len(tasks)]
-        if task == "existence" and group > 1:
-            if not pending:
-                pending = existence_questions(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0],
-                                                          max_shapes=shapes[1]), seed, group)
-            samples.append(pending.pop(0))
+        size, questions = grouped.get(task, (1, None))
+        if size > 1:
+            if not pending[task]:
+                pending[task] = questions(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0],
+                                                      max_shapes=shapes[1]), seed, size)
+            samples.append(pending[task].pop(0))
             continue
         samples.append(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0], max_shapes=shapes[1]))
     return samples
@@ -175,6 +180,8 @@ def main() -> None:
     parser.add_argument("--stage1-cache", help="--tower stage1: load the stage-1 model from this file if it exists, "
                                                "else save it there (stage 1 takes 17 minutes)")
     parser.add_argument("--group", type=int, default=1, help="existence questions per scene, side by side (1 or even)")
+    parser.add_argument("--position-group", type=int, default=1,
+                        help="position questions per scene, side by side, each pair of shapes asked both ways (1 or even)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -266,7 +273,8 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 100)  # linear warm-up, then constant: a probe, not a recipe
-        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), tasks))
+        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), tasks,
+                                          args.position_group))
         labels = batch.pop("labels")
         loss = per_sample_loss(model(**batch), labels)
         loss.backward()
@@ -281,7 +289,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
-                       "group": args.group, "question_first": args.question_first, "steps": args.steps,
+                       "group": args.group, "position_group": args.position_group, "question_first": args.question_first, "steps": args.steps,
                        "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "features": list(features),
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 

@@ -252,6 +252,13 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     first_group = [s for s in grouped if s["task"] == "existence"][:8]
     assert sorted(s["answer"] for s in first_group) == ["no"] * 4 + ["yes"] * 4
     assert len({str(s["scene"]) for s in first_group}) == 1  # eight questions about one scene
+    # position in groups: two scenes of eight questions, each pair of shapes asked both ways
+    positions = probe.training_samples(3, 16, 1, (2, 5), ("position",), position_group=8)
+    assert [len({str(s["scene"]) for s in positions[i:i + 8]}) for i in (0, 8)] == [1, 1]
+    assert positions[0]["scene"] != positions[8]["scene"]
+    order = {(s["query"]["a"]["kind"], s["query"]["a"]["colour"], s["query"]["b"]["kind"], s["query"]["b"]["colour"])
+             for s in positions[:8]}
+    assert all((bk, bc, ak, ac) in order for ak, ac, bk, bc in order)
     logs = {}
     # the second stage1 run loads the stage-1 model the first one cached
     for run, tower in enumerate(("ideal", "stage1", "stage1")):

@@ -376,6 +376,40 @@ def test_existence_questions_are_minimal_pairs_answered_by_the_scene(split, held
 
 
 @pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_position_questions_ask_each_pair_both_ways(split, heldout):
+    from vlmkit.data.shapes import centre
+
+    opposite = {"left": "right", "right": "left", "above": "below", "below": "above"}
+    answers = Counter()
+    for seed in range(60):
+        sample = sw.make_sample(seed, "position", split=split, heldout=heldout)
+        questions = sw.position_questions(sample, seed, 8)
+        assert [q["question"] for q in questions] == [q["question"] for q in sw.position_questions(sample, seed, 8)]
+        assert len(questions) == 8 and all(q["task"] == "position" and q["scene"] == sample["scene"] for q in questions)
+        shapes = {(s["colour"], s["kind"]): s for s in sample["scene"]["shapes"]}
+        asked = Counter()
+        for q in questions:
+            a, b = ((q["query"][k]["colour"], q["query"][k]["kind"]) for k in ("a", "b"))
+            assert f"{a[0]} {a[1]}" in q["question"] and f"{b[0]} {b[1]}" in q["question"]
+            assert heldout or (a not in sw.HELDOUT_COMBOS and b not in sw.HELDOUT_COMBOS)
+            # the answer, from the two shapes' centres: the larger offset's axis and sign
+            (ax, ay), (bx, by) = centre(shapes[a]["box"]), centre(shapes[b]["box"])
+            dx, dy = ax - bx, ay - by
+            expected = ("left" if dx < 0 else "right") if abs(dx) > abs(dy) else ("above" if dy < 0 else "below")
+            assert q["answer"] == expected
+            asked[(a, b, q["answer"])] += 1
+            answers[q["answer"]] += 1
+        # every pair as often one way as the other, with the opposite answer
+        assert all(asked[(b, a, opposite[where])] == n for (a, b, where), n in asked.items())
+    assert min(answers.values()) >= 60  # 480 answers, each relation at least an eighth of them
+    with pytest.raises(ValueError, match="count must be even"):
+        sw.position_questions(sw.make_sample(0, "position"), 0, count=3)
+    lone = sw.make_sample(0, "colour", min_shapes=1, max_shapes=1)
+    with pytest.raises(ValueError, match=r"no two shapes .* \(1 shapes, 1 unique\)"):
+        sw.position_questions(lone, 0)
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
 def test_scene_questions_are_answered_by_the_scene(split, heldout):
     asked = Counter()
     for seed in range(40):

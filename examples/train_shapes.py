@@ -41,7 +41,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    existence_questions, make_sample, scene_questions,
+    existence_questions, make_sample, position_questions, scene_questions,
 )
 from vlmkit.data.shapes import BACKGROUNDS, DIRECTIONS, cell_attributes, cell_labels, video_cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
@@ -378,7 +378,8 @@ class ShapesStream(IterableDataset):
 
     With `existence_group` > 1, the first of every that many existence slots gives that many
     minimal-pair questions about one scene (`existence_questions`), side by side so they share a
-    batch, and the others give none: the task mix stays the same.
+    batch, and the others give none: the task mix stays the same. `position_group` does the same for
+    position (`position_questions`: each pair of shapes asked both ways); position is never text.
 
     With `followups` > 0, every image sample becomes a conversation: its own question first (as the
     evaluation asks it), then that many more about the same image (`scene_questions`, from the
@@ -391,6 +392,7 @@ class ShapesStream(IterableDataset):
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
+                 position_group: int = 1,
                  opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
@@ -400,6 +402,7 @@ class ShapesStream(IterableDataset):
             raise ValueError(f"opening tasks {', '.join(sorted(set(self.opening_tasks) - set(TASKS)))} are not "
                              f"ShapesWorld tasks ({', '.join(TASKS)})")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
+        self.position_group = position_group
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -411,7 +414,9 @@ class ShapesStream(IterableDataset):
         return {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": level}
 
     def __iter__(self):
-        group, existence_slots = self.existence_group, 0
+        groups = {"existence": (self.existence_group, existence_questions),
+                  "position": (self.position_group, position_questions)}
+        slots = dict.fromkeys(groups, 0)
         for index in itertools.count():
             seed = self.seed * 10_000_019 + index
             if index < self.text_samples:
@@ -431,14 +436,15 @@ class ShapesStream(IterableDataset):
                 task = tasks[i % len(tasks)]
                 as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (i // len(tasks)) % self.text_every == 0
             sample_options = self.options(level)
-            if task == "existence" and group > 1:
-                slot, existence_slots = existence_slots, existence_slots + 1
+            group, questions = groups.get(task, (1, None))
+            if group > 1:
+                slot, slots[task] = slots[task], slots[task] + 1
                 if slot % group:
                     continue  # filled by the group that opened at slot - slot % group
                 # counted in groups: every group would otherwise fall on a text round
                 if index >= self.text_samples + self.opening_samples:
-                    as_text = bool(self.text_every) and (slot // group) % self.text_every == 0
-                items = existence_questions(make_sample(seed, task=task, **sample_options), seed, group)
+                    as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (slot // group) % self.text_every == 0
+                items = questions(make_sample(seed, task=task, **sample_options), seed, group)
             else:
                 items = [make_sample(seed, task=task, **sample_options)]
             for item in items:
@@ -598,6 +604,9 @@ def main() -> None:
     parser.add_argument("--existence-group", type=int, default=8,
                         help="existence comes as this many questions about one scene side by side, half naming a "
                              "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
+    parser.add_argument("--position-group", type=int, default=1,
+                        help="position comes as this many questions about one scene side by side, each pair of "
+                             "shapes asked both ways (minimal pairs; 1: one question per scene)")
     parser.add_argument("--followups", type=int, default=0,
                         help="each image sample is a conversation: its question, then this many more about the "
                              "same image (scene_questions; 0: one question per sample)")
@@ -678,6 +687,7 @@ def main() -> None:
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
                                                  text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
                                                  existence_group=args.existence_group, followups=args.followups,
+                                                 position_group=args.position_group,
                                                  opening_samples=args.opening_steps * args.batch_size,
                                                  opening_tasks=tuple(args.opening_tasks.split(","))),
                       callbacks=[curve])
@@ -697,7 +707,7 @@ def main() -> None:
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
-                   "existence_group": args.existence_group, "followups": args.followups,
+                   "existence_group": args.existence_group, "position_group": args.position_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)

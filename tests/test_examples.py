@@ -126,6 +126,38 @@ def test_train_shapes_stream_groups_existence_as_minimal_pairs_and_keeps_the_tas
     assert abs(sum(r["as_text"] for r in single[320:]) - sum(r["as_text"] for r in later)) <= 8
 
 
+def test_train_shapes_stream_groups_position_both_ways_and_keeps_the_task_mix():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=3000, seed=0, smoke=False, text_samples=0, existence_group=8)
+    grouped = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, position_group=4)), 3000))
+    single = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs)), 3000))
+
+    def position(rows):  # (index, a, b, answer) of each position question
+        found = []
+        for i, row in enumerate(rows):
+            text = row["messages"][0]["content"][-1]["text"]
+            answer = row["messages"][1]["content"][0]["text"]
+            if answer in ("left", "right", "above", "below") and row["messages"][0]["content"][0]["type"] == "image":
+                found.append((i, text, answer))  # (motion's clips answer "left" and "right" too)
+        return found
+
+    asked, plain = position(grouped), position(single)
+    assert len(plain) > 100 and abs(len(asked) - len(plain)) < 4  # the same share of position samples
+    # in runs of four about one scene: two pairs, each asked both ways with opposite answers
+    opposite = {"left": "right", "right": "left", "above": "below", "below": "above"}
+    runs = [asked[i:i + 4] for i in range(0, len(asked) // 4 * 4, 4)]
+    assert all(run[-1][0] - run[0][0] == 3 for run in runs)
+    for run in runs:
+        assert sorted(a for _, _, a in run) == sorted(opposite[a] for _, _, a in run)
+    # the other tasks' samples are those of the ungrouped stream
+    asked_at, plain_at = {i for i, _, _ in asked}, {i for i, _, _ in plain}
+    others = [r for i, r in enumerate(grouped) if i not in asked_at]
+    def text(row):
+        return row["messages"][0]["content"][-1]["text"], row["messages"][1]["content"][0]["text"]
+
+    assert [text(r) for r in others[:300]] == [text(r) for i, r in enumerate(single) if i not in plain_at][:300]
+
+
 def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
     train_shapes = load_example("train_shapes")
     kwargs = dict(total_samples=2400, seed=0, smoke=False, text_samples=32, text_every=4)

@@ -51,6 +51,7 @@ from vlmkit.cli import answer_samples  # noqa: E402
 from vlmkit.data import (  # noqa: E402
     BACKGROUNDS, COLOURS, KINDS, as_messages, existence_questions, make_sample, position_questions,
 )
+from vlmkit.data.shapesworld import TEMPLATES  # noqa: E402
 from vlmkit.data.shapes import SIZES, cell_attributes, cell_labels, iou, parse_box  # noqa: E402
 from vlmkit.modeling.modeling_vlmkit import VLMKitVisualOutput  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
@@ -151,6 +152,16 @@ class IdealTower(torch.nn.Module):
         return VLMKitVisualOutput(last_hidden_state=None, pooler_output=torch.cat(tokens), deepstack_features=None)
 
 
+def one_template(sample: dict, template: int) -> dict:
+    """A position sample asked in TEMPLATES["position"][template] (others unchanged). The templates
+    name the two shapes in either order ("Relative to the {b}, where is the {a}?"), so which one the
+    answer is about depends on the phrasing: asking one way only takes that parsing out."""
+    if sample["task"] != "position":
+        return sample
+    a, b = (f"{sample['query'][k]['colour']} {sample['query'][k]['kind']}" for k in ("a", "b"))
+    return dict(sample, template=template, question=TEMPLATES["position"][template].format(a=a, b=b))
+
+
 def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int],
                      tasks: tuple[str, ...] = TASKS, position_group: int = 1) -> list[dict]:
     """A batch of fresh samples, the tasks in turn. With `group` > 1, consecutive existence slots
@@ -180,6 +191,8 @@ def main() -> None:
     parser.add_argument("--stage1-cache", help="--tower stage1: load the stage-1 model from this file if it exists, "
                                                "else save it there (stage 1 takes 17 minutes)")
     parser.add_argument("--group", type=int, default=1, help="existence questions per scene, side by side (1 or even)")
+    parser.add_argument("--position-template", type=int, choices=range(len(TEMPLATES["position"])),
+                        help="ask every position question (training and validation) in this one phrasing")
     parser.add_argument("--position-group", type=int, default=1,
                         help="position questions per scene, side by side, each pair of shapes asked both ways (1 or even)")
     parser.add_argument("--steps", type=int, default=1000)
@@ -233,6 +246,8 @@ def main() -> None:
     collator = VLMKitDataCollator(processor)
 
     def batch_of(samples: list[dict]) -> dict:
+        if args.position_template is not None:
+            samples = [one_template(s, args.position_template) for s in samples]
         if isinstance(model.model.visual, IdealTower):
             model.model.visual.scenes = [s["scene"] for s in samples]
         return collator([{"messages": as_messages(s, question_first=args.question_first), "fps": s["fps"]}
@@ -289,7 +304,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
-                       "group": args.group, "position_group": args.position_group, "question_first": args.question_first, "steps": args.steps,
+                       "group": args.group, "position_group": args.position_group, "position_template": args.position_template, "question_first": args.question_first, "steps": args.steps,
                        "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "features": list(features),
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 

@@ -291,6 +291,18 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     order = {(s["query"]["a"]["kind"], s["query"]["a"]["colour"], s["query"]["b"]["kind"], s["query"]["b"]["colour"])
              for s in positions[:8]}
     assert all((bk, bc, ak, ac) in order for ak, ac, bk, bc in order)
+    # one phrasing: the same two shapes, the same answer, template 0's words; other tasks untouched
+    from vlmkit.data.shapesworld import TEMPLATES
+    mixed = [*single[:4], *positions]
+    reworded = [probe.one_template(s, 0) for s in mixed]
+    assert sum(s["task"] == "position" for s in mixed) == 16
+    for before, after in zip(mixed, reworded):
+        if before["task"] != "position":
+            assert after is before
+            continue
+        a, b = (f"{before['query'][k]['colour']} {before['query'][k]['kind']}" for k in ("a", "b"))
+        assert after["question"] == f"Where is the {a} relative to the {b}?" == TEMPLATES["position"][0].format(a=a, b=b)
+        assert after["answer"] == before["answer"] and after["scene"] is before["scene"]
     logs = {}
     # the second stage1 run loads the stage-1 model the first one cached
     for run, tower in enumerate(("ideal", "stage1", "stage1")):
@@ -309,11 +321,13 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     # structured extras and other tasks; grounding is scored as the mean IoU of greedy boxes
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
                              "--features", "count,layout", "--tasks", "position,grounding", "--batch-size", "4",
+                             "--position-group", "2", "--position-template", "0",
                              "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding"]
+    assert (log["position_group"], log["position_template"]) == (2, 0)
     assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding")
                                                                               for n in probe.SHAPE_COUNTS])
 

@@ -594,6 +594,11 @@ def as_described_messages(sample: dict, include_answer: bool = True, followups: 
     return _chat([{"type": "text", "text": text}], sample["answer"] if include_answer else None, followups)
 
 
+def _allowed_combos(sample: dict) -> set[tuple[str, str]]:
+    """The colour-kind pairs a question about this sample may name: held-out ones only in held-out samples."""
+    return set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
+
+
 def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     """`count` (even) existence questions about one sample's scene, as samples in shuffled order: half
     name a shape in it ("yes"), half change one word of one ("no"), taking turns between its colour
@@ -611,7 +616,7 @@ def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
         raise ValueError(f"count must be even and at least 2 (half yes, half no), got {count}")
     rng = np.random.default_rng([int(seed), int(count), 0x5EED])
     present = {(s["colour"], s["kind"]) for s in sample["scene"]["shapes"]}
-    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
+    allowed = _allowed_combos(sample)
     named = sorted(present & allowed) or sorted(present)
 
     def pick(options):
@@ -640,6 +645,15 @@ def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
+def _nameable_shapes(sample: dict) -> list[dict]:
+    """The scene's shapes that a question can name by colour and kind alone: their pair is unique in
+    the scene, and allowed (`_allowed_combos`)."""
+    shapes = sample["scene"]["shapes"]
+    combos = Counter((s["colour"], s["kind"]) for s in shapes)
+    allowed = _allowed_combos(sample)
+    return [s for s in shapes if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
+
+
 def position_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     """`count` (even) position questions about one sample's scene, as samples in shuffled order: half
     the pairs of shapes it asks about, each asked both ways ("Where is A relative to B?" and "... B
@@ -657,9 +671,7 @@ def position_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
         raise ValueError(f"count must be even and at least 2 (each pair asked both ways), got {count}")
     rng = np.random.default_rng([int(seed), int(count), 0x9051])
     scene = sample["scene"]
-    combos = Counter((s["colour"], s["kind"]) for s in scene["shapes"])
-    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
-    unique = [s for s in scene["shapes"] if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
+    unique = _nameable_shapes(sample)
     margin = _position_margin(scene["width"], scene["height"])
     pairs = [(a, b) for i, a in enumerate(unique) for b in unique[i + 1:] if relation(a["box"], b["box"], margin)]
     if not pairs:
@@ -709,9 +721,7 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
     rng = np.random.default_rng([int(seed), int(count), 0x5CE7E])
     scene = sample["scene"]
     shapes = scene["shapes"]
-    combos = Counter((s["colour"], s["kind"]) for s in shapes)
-    allowed = set(SEEN_COMBOS) | (set(HELDOUT_COMBOS) if sample.get("heldout") else set())
-    unique = [s for s in shapes if combos[(s["colour"], s["kind"])] == 1 and (s["colour"], s["kind"]) in allowed]
+    unique = _nameable_shapes(sample)
     margin = _position_margin(scene["width"], scene["height"])
 
     def pick(options):

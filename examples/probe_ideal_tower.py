@@ -58,9 +58,9 @@ from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
-# --features takes cell_attributes' names, or a group of them
-FEATURE_GROUPS = {"count": ("total", "colour_count", "kind_count"),
-                  "layout": ("size", "rank", "background_type", "where", "box_digits")}
+# --features takes cell_attributes' names, or a group of them: the groups of train_shapes.py's
+# --structured-heads, so a probe's features are what a structured stage 1 would teach
+FEATURE_GROUPS = {group: train_shapes.STRUCTURED_GROUPS[group] for group in ("count", "layout")}
 FEATURES = tuple(name for names in FEATURE_GROUPS.values() for name in names)
 
 

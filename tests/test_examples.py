@@ -132,7 +132,7 @@ def test_train_shapes_stream_groups_position_both_ways_and_keeps_the_task_mix():
     grouped = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, position_group=4)), 3000))
     single = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs)), 3000))
 
-    def position(rows):  # (index, a, b, answer) of each position question
+    def position(rows):  # (index, question, answer) of each position question
         found = []
         for i, row in enumerate(rows):
             text = row["messages"][0]["content"][-1]["text"]
@@ -152,6 +152,7 @@ def test_train_shapes_stream_groups_position_both_ways_and_keeps_the_task_mix():
     # the other tasks' samples are those of the ungrouped stream
     asked_at, plain_at = {i for i, _, _ in asked}, {i for i, _, _ in plain}
     others = [r for i, r in enumerate(grouped) if i not in asked_at]
+
     def text(row):
         return row["messages"][0]["content"][-1]["text"], row["messages"][1]["content"][0]["text"]
 

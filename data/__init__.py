@@ -21,6 +21,7 @@ from .shapesworld import (
     box_to_relative,
     build_dataset,
     caption_of,
+    centre_questions,
     content_hash,
     existence_questions,
     generate_split,
@@ -41,7 +42,7 @@ from .shapesworld import (
 
 __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DESCRIBABLE_TASKS", "HELDOUT_COMBOS", "KINDS", "SEEN_COMBOS", "TASKS",
-    "as_described_messages", "as_messages", "blank_like", "box_to_relative", "build_dataset", "caption_of", "content_hash",
+    "as_described_messages", "as_messages", "blank_like", "box_to_relative", "build_dataset", "caption_of", "centre_questions", "content_hash",
     "existence_questions", "generate_split", "grade", "iou", "iter_samples", "majority_answers", "make_sample", "parse_box", "position_questions",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "scene_questions", "shapes", "shapesworld",
 ]

@@ -401,6 +401,10 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
       on background;
     - "background_type": the scene's background type, index into BACKGROUNDS (every cell);
     - "where": (rows, cols, 2) float, the cell's centre as a fraction of the image's width and height;
+    - "place": (rows, cols, 2) float, on a shape's cells the cell's centre's offset from the image's
+      centre (where - 0.5: -0.5 to 0.5, x first), 0 on background. Pooled over the cells a question
+      names, it says on which side of the image they lie, which "where" cannot: its background cells
+      pool to the image's centre, whichever cells the shapes hold;
     - "box_digits": (rows, cols, 12) int, the digits a grounding answer writes: hundreds (0-10),
       tens and ones of each relative coordinate (`box_to_relative`), x1's first; 11 on background.
     """
@@ -424,5 +428,6 @@ def cell_attributes(scene: dict, cell: int = 32, min_share: float = 0.25) -> dic
         "rank": per_shape([order.index(i) for i in range(len(shapes))], len(shapes)).astype(np.int64),
         "background_type": np.full((rows, cols), BACKGROUNDS.index(scene["background"]["type"]), dtype=np.int64),
         "where": where,  # (rows, cols, 2): x, y
+        "place": np.where((owner >= 0)[..., None], where - 0.5, 0.0),  # (rows, cols, 2)
         "box_digits": np.array([*digits, [11] * 12], dtype=np.int64)[owner],  # (rows, cols, 12)
     }

@@ -693,6 +693,50 @@ def position_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
+CENTRE = "centre of the image"  # what a `centre_questions` question names in the position templates' {b}
+
+
+def centre_relation(box: Sequence[float], width: int, height: int, margin: float = 0.1) -> str | None:
+    """Where a box's centre is relative to the image's centre, as a fraction of the image's width and
+    height: "left", "right", "above" or "below" when that offset is at least `margin` along one axis
+    and at least 1.5 times the offset along the other, else None."""
+    (x, y) = centre(box)
+    dx, dy = x / width - 0.5, y / height - 0.5
+    if abs(dx) >= max(margin, 1.5 * abs(dy)):
+        return "left" if dx < 0 else "right"
+    if abs(dy) >= max(margin, 1.5 * abs(dx)):
+        return "above" if dy < 0 else "below"
+    return None
+
+
+def centre_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """Up to `count` position questions about one sample's scene that name one shape and the image's
+    centre ("Where is the red star relative to the centre of the image?"), each shape once, in the
+    position templates and answers. The shapes asked about are those a question can name alone
+    (`_nameable_shapes`) that stand in a clear relation to the centre (`centre_relation`); an empty
+    list when there are none.
+
+    A precursor of position: one shape to find instead of two, and its place to read off, not
+    compare. Over exact visual tokens that carry each cell's place, a language model trained on
+    position alone answered every question the same for 1,500 steps (benchmarks/results/
+    shapes_experiments.md): until its attention singles out the named shapes, the places it pools do
+    not depend on the answer, so nothing teaches it to single them out. Here the one named shape's
+    place decides the answer. Deterministic in (sample, seed, count)."""
+    rng = np.random.default_rng([int(seed), int(count), 0xCE17])
+    scene = sample["scene"]
+    clear = [(s, centre_relation(s["box"], scene["width"], scene["height"])) for s in _nameable_shapes(sample)]
+    clear = [(s, answer) for s, answer in clear if answer]
+    questions = []
+    for i in rng.permutation(len(clear))[:count]:
+        shape, answer = clear[i]
+        template = int(rng.integers(len(TEMPLATES["position"])))
+        questions.append(dict(sample, task="position", template=template, answer=answer,
+                              question=TEMPLATES["position"][template].format(a=f"{shape['colour']} {shape['kind']}",
+                                                                             b=CENTRE),
+                              query={"a": {"colour": shape["colour"], "kind": shape["kind"]}, "b": CENTRE}))
+    return questions
+
+
 def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = TASKS) -> list[dict]:
     """Up to `count` more questions about one image sample's scene, as samples sharing its image (task,
     question, answer, query and template replaced), for a conversation that asks them one after

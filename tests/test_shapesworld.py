@@ -295,6 +295,8 @@ def test_cell_attributes_give_each_cell_what_its_shape_and_scene_answer():
     assert cells["background_type"].tolist() == [[sw.BACKGROUNDS.index("checkered")] * 3] * 2
     assert cells["where"].tolist() == [[[1 / 6, 0.25], [0.5, 0.25], [5 / 6, 0.25]],
                                        [[1 / 6, 0.75], [0.5, 0.75], [5 / 6, 0.75]]]
+    # place: where - 0.5 on the shapes' cells, 0 on background
+    assert np.allclose(cells["place"], [[[0, 0], [0, 0], [1 / 3, -0.25]], [[-1 / 3, 0.25], [0, 0.25], [1 / 3, 0.25]]])
     # relative boxes: the star [708, 62, 958, 438], the circle [417, 375, 833, 1000] on both its cells
     assert cells["box_digits"][0, 2].tolist() == [7, 0, 8, 0, 6, 2, 9, 5, 8, 4, 3, 8]
     assert cells["box_digits"][1, 1].tolist() == cells["box_digits"][1, 2].tolist() == [4, 1, 7, 3, 7, 5, 8, 3, 3, 10, 0, 0]
@@ -407,6 +409,45 @@ def test_position_questions_ask_each_pair_both_ways(split, heldout):
     lone = sw.make_sample(0, "colour", min_shapes=1, max_shapes=1)
     with pytest.raises(ValueError, match=r"no two shapes .* \(1 shapes, 1 unique\)"):
         sw.position_questions(lone, 0)
+
+
+def test_centre_relation_takes_the_clear_axis_of_the_offset_from_the_image_centre():
+    # a 200 x 100 image: offsets as fractions of the width and of the height
+    assert sw.centre_relation((10, 40, 30, 60), 200, 100) == "left"  # dx -0.4, dy 0
+    assert sw.centre_relation((170, 45, 190, 55), 200, 100) == "right"
+    assert sw.centre_relation((90, 0, 110, 20), 200, 100) == "above"  # dy -0.4
+    assert sw.centre_relation((90, 80, 110, 100), 200, 100) == "below"
+    assert sw.centre_relation((95, 45, 105, 55), 200, 100) is None  # on the centre
+    assert sw.centre_relation((100, 45, 120, 55), 200, 100) is None  # dx 0.05, under the 0.1 margin
+    assert sw.centre_relation((140, 70, 160, 90), 200, 100) is None  # dx 0.25, dy 0.3: no axis 1.5 times the other
+    assert sw.centre_relation((140, 70, 160, 90), 200, 100, margin=0.0) is None
+    assert sw.centre_relation((160, 60, 180, 80), 200, 100) == "right"  # dx 0.35 >= 1.5 * dy 0.2
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_centre_questions_ask_each_clear_shape_once(split, heldout):
+    answers, empty = Counter(), 0
+    for seed in range(60):
+        sample = sw.make_sample(seed, "count", split=split, heldout=heldout)
+        questions = sw.centre_questions(sample, seed, 3)
+        assert questions == sw.centre_questions(sample, seed, 3)
+        scene = sample["scene"]
+        shapes = {(s["colour"], s["kind"]): s for s in scene["shapes"]}
+        named = Counter((s["colour"], s["kind"]) for s in scene["shapes"])
+        clear = [c for c, s in shapes.items() if named[c] == 1 and sw.centre_relation(s["box"], scene["width"], scene["height"])
+                 and (heldout or c not in sw.HELDOUT_COMBOS)]
+        assert len(questions) == min(3, len(clear))
+        empty += not questions
+        asked = [(q["query"]["a"]["colour"], q["query"]["a"]["kind"]) for q in questions]
+        assert len(set(asked)) == len(asked) and set(asked) <= set(clear)
+        for q, combo in zip(questions, asked):
+            assert q["task"] == "position" and q["query"]["b"] == sw.CENTRE and q["scene"] == scene
+            assert q["question"] == sw.TEMPLATES["position"][q["template"]].format(a=f"{combo[0]} {combo[1]}",
+                                                                                   b="centre of the image")
+            assert q["answer"] == sw.centre_relation(shapes[combo]["box"], scene["width"], scene["height"])
+            answers[q["answer"]] += 1
+    assert sum(answers.values()) >= 90 and min(answers.values()) >= sum(answers.values()) // 8
+    assert empty < 20
 
 
 @pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])

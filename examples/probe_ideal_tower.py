@@ -58,6 +58,9 @@ from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
+# --tasks also takes "centre": position relative to the image's centre (`centre_questions`), not an
+# eval task but a precursor that may teach the language model to find one shape and read its place
+CENTRE = train_shapes.CENTRE
 # --features takes cell_attributes' names, or a group of them: the groups of train_shapes.py's
 # --structured-heads, so a probe's features are what a structured stage 1 would teach
 FEATURE_GROUPS = {group: train_shapes.STRUCTURED_GROUPS[group] for group in ("count", "layout")}
@@ -109,18 +112,18 @@ class IdealTower(torch.nn.Module):
             torch.nn.init.normal_(rows_.weight, std=scale)
             return rows_
 
-        def place_map() -> torch.nn.Linear:
+        def place_map(std: float = scale) -> torch.nn.Linear:
             # at the scale of a word row too: nn.Linear's own init (fan-in 2) gave a vector 15-18 times a
             # name's norm, which buried the names and kept every --features run with it at chance
             linear = torch.nn.Linear(2, width, bias=False)
-            torch.nn.init.normal_(linear.weight, std=scale)
+            torch.nn.init.normal_(linear.weight, std=std)
             return linear
 
         # the structured tower's extras, by cell_attributes' names: learned tables (classes) or maps (floats)
         makers = dict(total=lambda: table(MAX_SHAPES + 1), colour_count=lambda: table(MAX_SHAPES + 1),
                       kind_count=lambda: table(MAX_SHAPES + 1), size=lambda: table(len(SIZES) + 1),
                       rank=lambda: table(MAX_SHAPES + 1), background_type=lambda: table(len(BACKGROUNDS)),
-                      where=place_map,
+                      where=place_map, place=lambda: place_map(2 * scale),  # place's values are half where's
                       box_digits=lambda: SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale))
         self.extras = torch.nn.ModuleDict({name: makers[name]() for name in self.features})
 
@@ -156,9 +159,10 @@ def one_template(sample: dict, template: int) -> dict:
     """A position sample asked in TEMPLATES["position"][template] (others unchanged). The templates
     name the two shapes in either order ("Relative to the {b}, where is the {a}?"), so which one the
     answer is about depends on the phrasing: asking one way only takes that parsing out."""
-    if sample["task"] != "position":
+    if sample["task"] not in ("position", CENTRE):
         return sample
-    a, b = (f"{sample['query'][k]['colour']} {sample['query'][k]['kind']}" for k in ("a", "b"))
+    a, b = (named if isinstance(named := sample["query"][k], str) else f"{named['colour']} {named['kind']}"
+            for k in ("a", "b"))  # b is a string for centre questions
     return dict(sample, template=template, question=TEMPLATES["position"][template].format(a=a, b=b))
 
 
@@ -169,10 +173,16 @@ def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, 
     other, so they share the batch and the task mix stays the same; `position_group` does the same
     for position (`position_questions`: each pair of shapes asked both ways)."""
     grouped = {"existence": (group, existence_questions), "position": (position_group, position_questions)}
-    samples, pending = [], {task: [] for task in grouped}
+    samples, pending = [], {task: [] for task in (*grouped, CENTRE)}
     for index in range(batch_size):
         seed = 1_000_003 * (step + 1) + index
         task = tasks[index % len(tasks)]
+        if task == CENTRE:  # up to four questions a scene, each about another of its shapes
+            if not pending[task]:
+                pending[task] = train_shapes.centre_samples(seed, 4, difficulty=2, min_shapes=shapes[0],
+                                                            max_shapes=shapes[1])
+            samples.append(pending[task].pop(0))
+            continue
         size, questions = grouped.get(task, (1, None))
         if size > 1:
             if not pending[task]:
@@ -203,15 +213,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--question-first", action="store_true",
                         help="the question before the image in the user turn, so the visual tokens can attend to it")
-    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated image tasks to train and score, in turn")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated image tasks (or {CENTRE}) to train and score, in turn")
+    parser.add_argument("--then", default="", metavar="STEP:TASKS",
+                        help="from step STEP on, train these comma-separated tasks instead (a curriculum: "
+                             "centre questions first, say, then position); all are scored throughout")
     parser.add_argument("--features", default="", help=f"--tower ideal: comma-separated extras, groups ({', '.join(FEATURE_GROUPS)}) "
                         f"or single cell_attributes ({', '.join(FEATURES)})")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
     parser.add_argument("--json", help="also write the curve here")
     args = parser.parse_args()
     tasks, features = tuple(args.tasks.split(",")), expand_features(tuple(f for f in args.features.split(",") if f))
-    if "motion" in tasks or not set(tasks) <= set(train_shapes.IMAGE_TASKS):
-        raise ValueError(f"--tasks takes image tasks ({', '.join(train_shapes.IMAGE_TASKS)}), got {args.tasks}")
+    switch_step, later_tasks = (int(args.then.split(":")[0]), tuple(args.then.split(":")[1].split(","))) if args.then else (0, ())
+    scored = tuple(dict.fromkeys((*tasks, *later_tasks)))
+    if "motion" in scored or not set(scored) <= {*train_shapes.IMAGE_TASKS, CENTRE}:
+        raise ValueError(f"--tasks and --then take image tasks ({', '.join(train_shapes.IMAGE_TASKS)}) and {CENTRE}, "
+                         f"got {', '.join(scored)}")
     if features and args.tower != "ideal":
         raise ValueError("--features adds to the ideal tower's tokens: use it with --tower ideal")
     torch.set_num_threads(args.threads)
@@ -253,8 +269,14 @@ def main() -> None:
         return collator([{"messages": as_messages(s, question_first=args.question_first), "fps": s["fps"]}
                           for s in samples])
 
-    validation = {(task, n): [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
-                              for i in range(args.per_count)] for task in tasks for n in SHAPE_COUNTS}
+    def validation_samples(task: str, n: int) -> list[dict]:
+        if task == CENTRE:
+            return [train_shapes.centre_samples(i, 1, split="validation", difficulty=2, min_shapes=n, max_shapes=n)[0]
+                    for i in range(args.per_count)]
+        return [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
+                for i in range(args.per_count)]
+
+    validation = {(task, n): validation_samples(task, n) for task in scored for n in SHAPE_COUNTS}
 
     def greedy_answers(samples: list[dict]) -> list[str]:
         texts = []
@@ -288,7 +310,8 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 100)  # linear warm-up, then constant: a probe, not a recipe
-        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), tasks,
+        now = later_tasks if later_tasks and step >= switch_step else tasks
+        batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), now,
                                           args.position_group))
         labels = batch.pop("labels")
         loss = per_sample_loss(model(**batch), labels)
@@ -305,7 +328,7 @@ def main() -> None:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
                        "group": args.group, "position_group": args.position_group, "position_template": args.position_template, "question_first": args.question_first, "steps": args.steps,
-                       "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "features": list(features),
+                       "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "then": args.then, "features": list(features),
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 
 

@@ -41,7 +41,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    existence_questions, make_sample, position_questions, scene_questions,
+    centre_questions, existence_questions, make_sample, position_questions, scene_questions,
 )
 from vlmkit.data.shapes import BACKGROUNDS, DIRECTIONS, cell_attributes, cell_labels, video_cell_labels
 from vlmkit.data.shapesworld import TEMPLATES
@@ -50,9 +50,28 @@ from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, p
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
 CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
-LEVEL_TASKS = (("count", "colour", "existence", "motion"), TASKS, TASKS)
+# --tasks and --opening-tasks also take "centre": not an evaluation task but a precursor of position,
+# one shape's place relative to the image's centre (`vlmkit.data.centre_questions`); at every level
+CENTRE = "centre"
+STREAM_TASKS = (*TASKS, CENTRE)
+LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE), STREAM_TASKS, STREAM_TASKS)
 # What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
 OPENING_TASKS = ("colour", "existence", "count")
+
+
+def centre_samples(seed: int, count: int, **options) -> list[dict]:
+    """`count` centre questions (`centre_questions`, task "centre"), from the scenes drawn from `seed` on
+    (seeds step by a large prime): as many as each has shapes clear of the image's centre, so a
+    group of them keeps its share of the batch on scenes of one or two shapes too. `options` go to
+    make_sample. Deterministic in the seed."""
+    questions = []
+    for attempt in range(100 * count):
+        sample = make_sample(seed + 7_919_113 * attempt, task="colour", **options)
+        questions += [dict(q, task=CENTRE) for q in centre_questions(sample, seed + attempt, count - len(questions))]
+        if len(questions) == count:
+            return questions
+    raise RuntimeError(f"the scenes from seed {seed} had fewer than {count} shapes clear of the image's centre "
+                       f"in {100 * count} draws")
 
 
 def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[str]:
@@ -137,16 +156,18 @@ STILL = len(DIRECTIONS)
 # ranks after the last shape: what a caption says after it), the background type, the digits of
 # its relative box in 12 places (11 on background), and where the cell is (x and y as fractions of
 # the image, regressed: the language model's rotary positions never reach a token's value, so a
-# comparison of two shapes' places needs the place in the token itself). examples/probe_ideal_tower.py
-# --features measures what these buy the language model when they are exact.
+# comparison of two shapes' places needs the place in the token itself); and "place", the cell's
+# offset from the image's centre on shape cells and 0 on background, through a head that keeps it at a
+# name's scale in the token (`PlaceHead`). examples/probe_ideal_tower.py --features measures what these
+# buy the language model when they are exact.
 MAX_SHAPES = 5
 STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "kind_count": MAX_SHAPES + 1,
                     "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
 BOX_PLACES, BOX_VALUES = 12, 12
 WHERE_SCALE = 1000  # "where" travels in the int64 label columns as permille of the image's width and height
-STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where")
+STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place")
 STRUCTURED_GROUPS = {"count": ("total", "colour_count", "kind_count"),
-                     "layout": ("size", "rank", "background_type", "box_digits", "where"),
+                     "layout": ("size", "rank", "background_type", "box_digits", "where", "place"),
                      "all": STRUCTURED_CHOICES}
 
 
@@ -163,13 +184,18 @@ def structured_heads(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
 
 
 def label_names(structured: tuple[str, ...], motion: bool) -> list[str]:
-    """The one-column labels of dense_batch, in order; the 12 box digits, then where's x and y follow
-    when `structured` has them."""
+    """The one-column labels of dense_batch, in order; the 12 box digits, then where's x and y (which
+    place is computed from) follow when `structured` has them."""
     return [*DENSE_HEADS, *(["motion"] if motion else []), *(h for h in STRUCTURED_HEADS if h in structured)]
 
 
 def label_width(structured: tuple[str, ...], motion: bool) -> int:
-    return len(label_names(structured, motion)) + BOX_PLACES * ("box_digits" in structured) + 2 * ("where" in structured)
+    return len(label_names(structured, motion)) + BOX_PLACES * ("box_digits" in structured) + 2 * has_where(structured)
+
+
+def has_where(structured: tuple[str, ...]) -> bool:
+    """Whether dense_batch's labels end in where's two columns: the where and place heads read them."""
+    return "where" in structured or "place" in structured
 
 
 def dense_batch(processor, seeds: list[int], split: str = "train", structured: tuple[str, ...] = (), motion: bool = False):
@@ -202,7 +228,7 @@ def dense_batch(processor, seeds: list[int], split: str = "train", structured: t
             columns += [attributes[k] for k in STRUCTURED_HEADS if k in structured]
             if "box_digits" in structured:
                 columns += list(np.moveaxis(attributes["box_digits"], -1, 0))
-            if "where" in structured:
+            if has_where(structured):
                 columns += list(np.moveaxis(np.rint(attributes["where"] * WHERE_SCALE).astype(np.int64), -1, 0))
         labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (rows*cols, columns)
     if clips:
@@ -247,8 +273,10 @@ class NameHeads(torch.nn.Module):
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
         self.centre = torch.nn.Linear(width, DENSE_HEADS["centre"])
         outputs = {**STRUCTURED_HEADS, "box_digits": BOX_PLACES * BOX_VALUES, "where": 2}
-        self.structured = torch.nn.ModuleDict({name: torch.nn.Linear(width, outputs[name])
-                                               for name in structured_heads(tuple(structured))})
+        name_norm = embed.weight.norm(dim=-1).mean().item()
+        self.structured = torch.nn.ModuleDict({
+            name: PlaceHead(width, name_norm) if name == "place" else torch.nn.Linear(width, outputs[name])
+            for name in structured_heads(tuple(structured))})
 
     @property
     def motion(self) -> bool:
@@ -268,6 +296,21 @@ class NameHeads(torch.nn.Module):
         if "box_digits" in logits:
             logits["box_digits"] = logits["box_digits"].unflatten(-1, (BOX_PLACES, BOX_VALUES))  # (N, 12, 12)
         return logits
+
+
+class PlaceHead(torch.nn.Module):
+    """Reads x and y off a token along two learned unit directions, divided by `scale` (a name row's
+    norm at init): a place of 0.5 takes a component of half a name's norm. A plain linear head could
+    grow its weights instead and leave the place a trace in the token, too faint beside the names for
+    the language model to read."""
+
+    def __init__(self, width: int, scale: float):
+        super().__init__()
+        self.directions = torch.nn.Parameter(torch.randn(2, width))
+        self.scale = scale
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens @ torch.nn.functional.normalize(self.directions, dim=-1).T / self.scale  # (N, 2)
 
 
 def vision_validation(processor, structured: tuple[str, ...] = (), motion: bool = False):
@@ -316,18 +359,25 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
         cells = labelled if name in ("total", "background_type") else labelled & on_shape
         accuracy[name] = hits[name][cells].float().mean().item()
     rest = labels[:, len(names):]  # (N, 12 box digits, then where's x and y, as `structured` has them)
+    on_image = rest[:, -1] >= 0 if has_where(structured) else None  # clips' tokens hold -100
     if "box_digits" in structured:
         digits, rest = rest[:, :BOX_PLACES], rest[:, BOX_PLACES:]  # (N, 12)
         loss = loss + torch.nn.functional.cross_entropy(logits["box_digits"].flatten(0, 1), digits.flatten())
         hundreds = (logits["box_digits"].argmax(-1) == digits)[:, ::3]  # (N, 4): each coordinate's hundreds
         accuracy["box_hundreds"] = hundreds[on_shape & (digits[:, 0] >= 0)].float().mean().item()
     if "where" in structured:
-        labelled = rest[:, 0] >= 0  # clips' tokens hold -100
-        target = rest[labelled].float() / WHERE_SCALE  # (n, 2) x, y in [0, 1]
-        error = logits["where"][labelled] - target
+        target = rest[on_image].float() / WHERE_SCALE  # (n, 2) x, y in [0, 1]
+        error = logits["where"][on_image] - target
         # a uniform coordinate has variance 1/12: times 12, predicting the mean costs 1, as a coin costs ln 2 in a CE
         loss = loss + 12 * error.pow(2).mean()
-        accuracy["where"] = (error.abs() < 0.1).all(-1)[on_shape[labelled]].float().mean().item()  # both within a tenth
+        accuracy["where"] = (error.abs() < 0.1).all(-1)[on_shape[on_image]].float().mean().item()  # both within a tenth
+    if "place" in structured:
+        shape = on_shape[on_image]
+        target = (rest[on_image].float() / WHERE_SCALE - 0.5) * shape[:, None]  # (n, 2): 0 on background
+        error = logits["place"][on_image] - target
+        # balanced, like motion: shape tokens (about a third) weigh as much as the background's zeros
+        loss = loss + 12 * sum(error[part].pow(2).mean() for part in (shape, ~shape) if part.any())
+        accuracy["place"] = (error.abs() < 0.1).all(-1)[shape].float().mean().item()
     if motion:
         accuracy["motion"] = hits["motion"][moving].float().mean().item()  # on the moving shape's tokens
         accuracy["still"] = hits["motion"][~moving].float().mean().item()
@@ -380,6 +430,8 @@ class ShapesStream(IterableDataset):
     minimal-pair questions about one scene (`existence_questions`), side by side so they share a
     batch, and the others give none: the task mix stays the same. `position_group` does the same for
     position (`position_questions`: each pair of shapes asked both ways); position is never text.
+    A "centre" task slot gives `centre_group` centre questions the same way (`centre_samples`: each
+    about another shape, of one scene while it has enough).
 
     With `followups` > 0, every image sample becomes a conversation: its own question first (as the
     evaluation asks it), then that many more about the same image (`scene_questions`, from the
@@ -392,17 +444,20 @@ class ShapesStream(IterableDataset):
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
-                 position_group: int = 1,
+                 position_group: int = 1, centre_group: int = 4,
                  opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
         self.opening_samples, self.opening_tasks = opening_samples, tuple(opening_tasks)
-        if opening_samples and not set(self.opening_tasks) <= set(TASKS):
-            raise ValueError(f"opening tasks {', '.join(sorted(set(self.opening_tasks) - set(TASKS)))} are not "
-                             f"ShapesWorld tasks ({', '.join(TASKS)})")
+        for name, chosen in (("", tasks), ("opening ", self.opening_tasks if opening_samples else ())):
+            if not set(chosen) <= set(STREAM_TASKS):
+                raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
+                                 f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
+        if CENTRE in (*tasks, *self.opening_tasks) and followups:
+            raise ValueError("centre questions come one per sample: use them without --followups")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
-        self.position_group = position_group
+        self.position_group, self.centre_group = position_group, centre_group
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -414,8 +469,12 @@ class ShapesStream(IterableDataset):
         return {"difficulty": 0, "max_shapes": 2} if self.smoke else {"difficulty": level}
 
     def __iter__(self):
-        groups = {"existence": (self.existence_group, existence_questions),
-                  "position": (self.position_group, position_questions)}
+        # task -> (questions per group, draw(seed, count, make_sample options) -> that many samples)
+        groups = {"existence": (self.existence_group, lambda seed, count, options: existence_questions(
+                      make_sample(seed, task="existence", **options), seed, count)),
+                  "position": (self.position_group, lambda seed, count, options: position_questions(
+                      make_sample(seed, task="position", **options), seed, count)),
+                  CENTRE: (self.centre_group, lambda seed, count, options: centre_samples(seed, count, **options))}
         slots = dict.fromkeys(groups, 0)
         for index in itertools.count():
             seed = self.seed * 10_000_019 + index
@@ -436,7 +495,7 @@ class ShapesStream(IterableDataset):
                 task = tasks[i % len(tasks)]
                 as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (i // len(tasks)) % self.text_every == 0
             sample_options = self.options(level)
-            group, questions = groups.get(task, (1, None))
+            group, draw = groups.get(task, (1, None))
             if group > 1:
                 slot, slots[task] = slots[task], slots[task] + 1
                 if slot % group:
@@ -444,13 +503,15 @@ class ShapesStream(IterableDataset):
                 # counted in groups: every group would otherwise fall on a text round
                 if index >= self.text_samples + self.opening_samples:
                     as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (slot // group) % self.text_every == 0
-                items = questions(make_sample(seed, task=task, **sample_options), seed, group)
+                items = draw(seed, group, sample_options)
+            elif task == CENTRE:  # the others' single questions are the plain samples
+                items = draw(seed, 1, sample_options)
             else:
                 items = [make_sample(seed, task=task, **sample_options)]
             for item in items:
                 to_messages = as_described_messages if as_text else as_messages
-                followups = scene_questions(item, seed, self.followups,
-                                            [t for t in tasks if t in DESCRIBABLE_TASKS] if as_text else tasks)
+                followups = scene_questions(item, seed, self.followups, [t for t in tasks if t in (
+                                            DESCRIBABLE_TASKS if as_text else TASKS)])
                 yield {"messages": to_messages(item, followups=followups), "fps": item["fps"]}
 
 
@@ -476,7 +537,8 @@ class CurveLogger(TrainerCallback):
     def __init__(self, collator, tasks: tuple[str, ...], eval_every: int, per_task: int = 16):
         self.curve, self.evals, self.start = [], [], time.time()
         self.collator, self.eval_every = collator, eval_every
-        self.samples = [make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
+        self.samples = [centre_samples(i, 1, split="validation")[0] if task == CENTRE else
+                        make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
         self.blank_samples = [blank_like(s) for s in self.samples]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -607,6 +669,9 @@ def main() -> None:
     parser.add_argument("--position-group", type=int, default=1,
                         help="position comes as this many questions about one scene side by side, each pair of "
                              "shapes asked both ways (minimal pairs; 1: one question per scene)")
+    parser.add_argument("--centre-group", type=int, default=4,
+                        help="with centre in --tasks or --opening-tasks: this many centre questions side by side, each "
+                             "about another shape of one scene while it has enough")
     parser.add_argument("--followups", type=int, default=0,
                         help="each image sample is a conversation: its question, then this many more about the "
                              "same image (scene_questions; 0: one question per sample)")
@@ -687,7 +752,7 @@ def main() -> None:
                       train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
                                                  text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
                                                  existence_group=args.existence_group, followups=args.followups,
-                                                 position_group=args.position_group,
+                                                 position_group=args.position_group, centre_group=args.centre_group,
                                                  opening_samples=args.opening_steps * args.batch_size,
                                                  opening_tasks=tuple(args.opening_tasks.split(","))),
                       callbacks=[curve])
@@ -707,7 +772,7 @@ def main() -> None:
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
-                   "existence_group": args.existence_group, "position_group": args.position_group, "followups": args.followups,
+                   "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
                    "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)

@@ -172,8 +172,30 @@ def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
         assert answer in expected, (i, answer)
     # full scenes: counts of three and more, where the curriculum's first level has at most two shapes
     assert max(map(int, answers[2::3])) >= 3
-    with pytest.raises(ValueError, match="opening tasks spelling are not ShapesWorld tasks"):
+    with pytest.raises(ValueError, match="opening tasks spelling are neither ShapesWorld tasks .* nor centre"):
         train_shapes.ShapesStream(**kwargs, opening_samples=8, opening_tasks=("colour", "spelling"))
+
+
+def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=100_000, seed=0, smoke=False, tasks=("colour", "centre"), existence_group=1)
+    rows = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, centre_group=4)), 400))
+    centre = [(i, r) for i, r in enumerate(rows) if "centre of the image" in r["messages"][0]["content"][-1]["text"]]
+    assert len(centre) == 200  # every other slot, in groups of four side by side
+    assert {r["messages"][1]["content"][0]["text"] for _, r in centre} == {"left", "right", "above", "below"}
+    assert all(r["messages"][0]["content"][0]["type"] == "image" for _, r in centre)
+    assert [i for i, _ in centre[::4]] == [i - 3 for i, _ in centre[3::4]]
+    images = Counter()
+    for start in range(0, len(centre), 4):  # never one shape twice in a group
+        group = [(row["messages"][0]["content"][0]["image"].tobytes(), row["messages"][0]["content"][-1]["text"])
+                 for _, row in centre[start:start + 4]]
+        assert len(set(group)) == 4
+        images.update(Counter(image for image, _ in group).values())
+    assert images[1] and images[2] and images[3] + images[4] == 0  # level 0: scenes of one or two shapes
+    with pytest.raises(ValueError, match="tasks spelling are neither ShapesWorld tasks"):
+        train_shapes.ShapesStream(**{**kwargs, "tasks": ("colour", "spelling")})
+    with pytest.raises(ValueError, match="centre questions come one per sample"):
+        train_shapes.ShapesStream(**kwargs, followups=2)
 
 
 def test_train_shapes_stream_asks_followups_about_the_same_image():
@@ -260,17 +282,20 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     expected = base.clone()
     for name in ("total", "colour_count", "kind_count", "size", "rank", "background_type"):
         expected += extras[name](torch.cat([torch.from_numpy(c[name]).flatten() for c in cells]))
-    expected += extras["where"](torch.cat([torch.from_numpy(c["where"]).reshape(-1, 2) for c in cells]).float())
+    for name in ("where", "place"):
+        expected += extras[name](torch.cat([torch.from_numpy(c[name]).reshape(-1, 2) for c in cells]).float())
     digits = torch.cat([torch.from_numpy(c["box_digits"]).reshape(-1, 12) for c in cells])  # (N, 12)
     expected += sum(extras["box_digits"].rows.weight[12 * slot + digits[:, slot]] for slot in range(12))
-    assert sorted(extras) == ["background_type", "box_digits", "colour_count", "kind_count", "rank", "size", "total", "where"]
+    assert sorted(extras) == ["background_type", "box_digits", "colour_count", "kind_count", "place", "rank", "size", "total",
+                              "where"]
     assert torch.allclose(tokens, expected, atol=1e-6) and not torch.allclose(tokens, base, atol=1e-3)
     with pytest.raises(ValueError, match=r"unknown feature\(s\) \['colour'\]; choose from count, layout, total, "):
         probe.IdealTower(embed, tiny_tokenizer, features=("count", "colour"))
     # every extra starts at about a name's norm, so that none buries the names (where's default nn.Linear
     # init was 15-18 times as large)
     name_norm = embed.weight.norm(dim=-1).mean()
-    for name, value in (("where", torch.tensor([[1.0, 0.0]])), ("box_digits", digits[:1]), ("rank", torch.tensor([1]))):
+    for name, value in (("where", torch.tensor([[1.0, 0.0]])), ("place", torch.tensor([[0.5, 0.0]])),
+                        ("box_digits", digits[:1]), ("rank", torch.tensor([1]))):
         assert 0.5 < extras[name](value).norm() / name_norm < 2, name
     # single attributes and groups mix; each attribute is added once
     assert list(probe.IdealTower(embed, tiny_tokenizer, features=("where",)).extras) == ["where"]
@@ -304,6 +329,16 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
         a, b = (f"{before['query'][k]['colour']} {before['query'][k]['kind']}" for k in ("a", "b"))
         assert after["question"] == f"Where is the {a} relative to the {b}?" == TEMPLATES["position"][0].format(a=a, b=b)
         assert after["answer"] == before["answer"] and after["scene"] is before["scene"]
+    # centre questions: up to four about each scene (none twice about one shape), in the position
+    # templates, so one phrasing applies to them too
+    centres = probe.training_samples(3, 16, 1, (1, 5), ("colour", probe.CENTRE))
+    centre_qs = [s for s in centres if s["query"].get("b") == "centre of the image"]
+    assert [s["task"] for s in centres] == ["colour", "centre"] * 8 and len(centre_qs) == 8
+    by_scene = Counter(str(s["scene"]) for s in centre_qs)
+    assert max(by_scene.values()) <= 4 and len(by_scene) >= 2
+    assert len({(str(s["scene"]), s["query"]["a"]["colour"], s["query"]["a"]["kind"]) for s in centre_qs}) == 8
+    a = f"{centre_qs[0]['query']['a']['colour']} {centre_qs[0]['query']['a']['kind']}"
+    assert probe.one_template(centre_qs[0], 0)["question"] == f"Where is the {a} relative to the centre of the image?"
     logs = {}
     # the second stage1 run loads the stage-1 model the first one cached
     for run, tower in enumerate(("ideal", "stage1", "stage1")):
@@ -321,15 +356,16 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     assert logs[2]["vision_curve"] == logs[1]["vision_curve"]
     # structured extras and other tasks; grounding is scored as the mean IoU of greedy boxes
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
-                             "--features", "count,layout", "--tasks", "position,grounding", "--batch-size", "4",
-                             "--position-group", "2", "--position-template", "0",
+                             "--features", "count,layout", "--tasks", "position,grounding,centre", "--batch-size", "6",
+                             "--position-group", "2", "--position-template", "0", "--then", "1:centre,existence",
                              "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
-    assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding"]
-    assert (log["position_group"], log["position_template"]) == (2, 0)
-    assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding")
+    assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]
+    assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence")
+    # every task of both phases scored
+    assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence")
                                                                               for n in probe.SHAPE_COUNTS])
 
 
@@ -394,7 +430,7 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     seeds = [3, 4, 5]
     everything = train_shapes.structured_heads("all")
-    assert everything == (*train_shapes.STRUCTURED_HEADS, "box_digits", "where")
+    assert everything == (*train_shapes.STRUCTURED_HEADS, "box_digits", "where", "place")
     plain = train_shapes.dense_batch(processor, seeds)
     pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=everything)
     assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12 + 2
@@ -415,7 +451,8 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in heads.structured.parameters())
-    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds", "where"])
+    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds",
+                                       "where", "place"])
     # one group or one head alone: only its columns and its heads
     assert train_shapes.structured_heads("where,count") == ("total", "colour_count", "kind_count", "where")
     _, _, few = train_shapes.dense_batch(processor, seeds, structured=("kind_count", "where"))
@@ -424,6 +461,9 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
                                    structured=("kind_count", "where"))
     _, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, few)
     assert sorted(accuracy) == ["background", "centre", "colour", "kind", "kind_count", "where"]
+    # place reads where's columns: alone it brings them, with where it shares them
+    assert torch.equal(train_shapes.dense_batch(processor, seeds, structured=("place",))[2], labels[:, [0, 1, 2, 21, 22]])
+    assert torch.equal(train_shapes.dense_batch(processor, seeds, structured=("where", "place"))[2], labels[:, [0, 1, 2, 21, 22]])
     with pytest.raises(ValueError, match=r"unknown structured head\(s\) \['places'\]; choose from count, layout, all, total"):
         train_shapes.structured_heads("count,places")
 
@@ -445,6 +485,36 @@ def test_where_head_is_scored_as_a_normalised_squared_error_on_image_tokens(tiny
     without = train_shapes.dense_scores(model.model.visual, plain, pixels, grid, labels[:, :4])[0]
     assert 0 <= accuracy["where"] <= 1
     torch.testing.assert_close(with_where - without, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_place_head_regresses_the_offset_from_the_centre_on_shapes_and_zero_on_background(tiny_tokenizer):
+    from vlmkit.data import KINDS
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    embed = model.get_input_embeddings()
+    heads = train_shapes.NameHeads(embed, tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=("place",), motion=True)
+    pixels, grid, labels = train_shapes.dense_batch(processor, [5, 6, 8], structured=("place",), motion=True)  # a clip at 6
+    with_place, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    tokens = model.model.visual(pixels, grid).pooler_output
+    image = labels[:, 4] >= 0
+    shape = labels[:, 0] < len(KINDS)
+    assert image.sum() < len(labels) and (image & shape).any() and (image & ~shape).any()
+    target = (labels[:, 4:].float() / 1000 - 0.5) * shape[:, None]
+    error = heads.structured["place"](tokens) - target
+    expected = 12 * (error[image & shape].pow(2).mean() + error[image & ~shape].pow(2).mean())
+    plain = train_shapes.NameHeads(embed, tiny_tokenizer, model.config.vision_config.out_hidden_size, motion=True)
+    plain.load_state_dict(heads.state_dict(), strict=False)
+    without = train_shapes.dense_scores(model.model.visual, plain, pixels, grid, labels[:, :4])[0]
+    torch.testing.assert_close(with_place - without, expected, rtol=1e-4, atol=1e-5)
+    assert accuracy["place"] == (error[image & shape].abs() < 0.1).all(-1).float().mean().item()
+    # the head reads along unit directions, over a name row's norm: 0.5 takes half a name's norm
+    head = heads.structured["place"]
+    direction = torch.nn.functional.normalize(head.directions[0].detach(), dim=0)
+    name_norm = embed.weight.norm(dim=-1).mean().item()
+    torch.testing.assert_close(head(0.5 * name_norm * direction[None])[0, 0], torch.tensor(0.5))
+    torch.testing.assert_close(head(2.0 * head.directions.detach())[0], head(head.directions.detach())[0] * 2)
 
 
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):

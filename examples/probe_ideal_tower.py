@@ -33,6 +33,14 @@ background type. `--tasks` trains other ShapesWorld image tasks too
     python examples/probe_ideal_tower.py --group 8 --features count --json ideal_count.json
     python examples/probe_ideal_tower.py --group 8 --features count,layout \
         --tasks colour,existence,count,position,grounding,caption --json ideal_all.json
+
+`--tasks centre` trains and scores centre questions (`vlmkit.data.centre_questions`: one shape's
+place relative to the image's centre, a precursor of position), and `--then STEP:TASKS` switches the
+tasks trained at a step (all of both are scored throughout). The curriculum that made position
+learnable, over the `place` feature (each shape cell's offset from the image's centre):
+
+    python examples/probe_ideal_tower.py --features place --tasks centre --then 500:centre,position \
+        --position-group 8 --steps 2000 --json centre_then_position.json
 """
 
 import argparse

@@ -440,21 +440,26 @@ class ShapesStream(IterableDataset):
     With `opening_samples` > 0, that many image samples come between the text samples and the
     curriculum: `opening_tasks` in turn, on full scenes, never as text (what
     examples/probe_ideal_tower.py trains, where colour and existence reach 88-100% on 1-5 shapes).
-    The curriculum then runs over `total_samples` as without them."""
+    The curriculum then runs over `total_samples` as without them. `centre_samples` > 0 puts that
+    many centre questions, alone and on full scenes, before the opening (the other phases' samples
+    stay those of a run without them): over exact visual tokens a language model learned centre
+    questions alone in 250-500 steps, and position right after, but not centre mixed with colour and
+    existence from the start."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
                  position_group: int = 1, centre_group: int = 4,
-                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS):
+                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS, centre_samples: int = 0):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
         self.opening_samples, self.opening_tasks = opening_samples, tuple(opening_tasks)
+        self.centre_samples = centre_samples
         for name, chosen in (("", tasks), ("opening ", self.opening_tasks if opening_samples else ())):
             if not set(chosen) <= set(STREAM_TASKS):
                 raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
                                  f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
-        if CENTRE in (*tasks, *self.opening_tasks) and followups:
+        if (CENTRE in (*tasks, *self.opening_tasks) or centre_samples) and followups:
             raise ValueError("centre questions come one per sample: use them without --followups")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
         self.position_group, self.centre_group = position_group, centre_group
@@ -476,9 +481,15 @@ class ShapesStream(IterableDataset):
                       make_sample(seed, task="position", **options), seed, count)),
                   CENTRE: (self.centre_group, lambda seed, count, options: centre_samples(seed, count, **options))}
         slots = dict.fromkeys(groups, 0)
-        for index in itertools.count():
+        for drawn in itertools.count():
+            # the centre steps come after the text steps; every other phase sees the index it would without them
+            in_centre = self.text_samples <= drawn < self.text_samples + self.centre_samples
+            index = drawn - self.centre_samples * (drawn >= self.text_samples + self.centre_samples)
             seed = self.seed * 10_000_019 + index
-            if index < self.text_samples:
+            if in_centre:
+                seed = self.seed * 10_000_019 + 8_000_000 + drawn - self.text_samples  # seeds of their own
+                tasks, task, level, as_text = (CENTRE,), CENTRE, len(CURRICULUM) - 1, False
+            elif index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
                 task, level, as_text = self.text_tasks[index % len(self.text_tasks)], 1, True
                 tasks = self.text_tasks
@@ -660,6 +671,9 @@ def main() -> None:
     parser.add_argument("--opening-steps", type=int, default=1500,
                         help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
                              "curriculum (probe_ideal_tower.py's mix)")
+    parser.add_argument("--centre-steps", type=int, default=0,
+                        help="after the text steps, before the opening, this many steps of centre questions alone "
+                             "(one shape's place relative to the image's centre: a precursor of position)")
     parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
                         help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
@@ -735,7 +749,7 @@ def main() -> None:
     collator = VLMKitDataCollator(processor)
     curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.text_steps + args.opening_steps + args.steps, per_device_train_batch_size=args.batch_size,
+        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.text_steps + args.centre_steps + args.opening_steps + args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type=args.lr_schedule, weight_decay=0.01,
         logging_steps=max(1, args.steps // 100), save_strategy="no", report_to=[], use_cpu=True,
         remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
@@ -754,7 +768,8 @@ def main() -> None:
                                                  existence_group=args.existence_group, followups=args.followups,
                                                  position_group=args.position_group, centre_group=args.centre_group,
                                                  opening_samples=args.opening_steps * args.batch_size,
-                                                 opening_tasks=tuple(args.opening_tasks.split(","))),
+                                                 opening_tasks=tuple(args.opening_tasks.split(",")),
+                                                 centre_samples=args.centre_steps * args.batch_size),
                       callbacks=[curve])
     trainer.train()
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
@@ -773,10 +788,10 @@ def main() -> None:
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
-                   "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
+                   "centre_steps": args.centre_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
-    print(f"trained {args.text_steps} text + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
+    print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
 
 
 if __name__ == "__main__":

@@ -516,12 +516,12 @@ def test_place_head_regresses_the_offset_from_the_centre_on_shapes_and_zero_on_b
     without = train_shapes.dense_scores(model.model.visual, plain, pixels, grid, labels[:, :4])[0]
     torch.testing.assert_close(with_place - without, expected, rtol=1e-4, atol=1e-5)
     assert accuracy["place"] == (error[image & shape].abs() < 0.1).all(-1).float().mean().item()
-    # the head reads along unit directions, over a name row's norm: 0.5 takes half a name's norm
+    # the head reads the cosine with its directions: the token's norm (left free by the names' cosine
+    # scoring) does not scale the place, and a place of 1 is the direction itself
     head = heads.structured["place"]
-    direction = torch.nn.functional.normalize(head.directions[0].detach(), dim=0)
-    name_norm = embed.weight.norm(dim=-1).mean().item()
-    torch.testing.assert_close(head(0.5 * name_norm * direction[None])[0, 0], torch.tensor(0.5))
-    torch.testing.assert_close(head(2.0 * head.directions.detach())[0], head(head.directions.detach())[0] * 2)
+    torch.testing.assert_close(head(3 * tokens), head(tokens))
+    torch.testing.assert_close(head(5 * head.directions.detach())[0, 0], torch.tensor(1.0))
+    assert head(tokens).abs().max() <= 1 + 1e-6
 
 
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):

@@ -460,8 +460,6 @@ class ShapesStream(IterableDataset):
             if not set(chosen) <= set(STREAM_TASKS):
                 raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
                                  f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
-        if (CENTRE in (*tasks, *self.opening_tasks) or centre_samples) and followups:
-            raise ValueError("centre questions come one per sample: use them without --followups")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
         self.position_group, self.centre_group = position_group, centre_group
 

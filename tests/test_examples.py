@@ -201,8 +201,11 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
     assert _stream_rows(iter(led[:8] + led[24:]), 60) == plain
     with pytest.raises(ValueError, match="tasks spelling are neither ShapesWorld tasks"):
         train_shapes.ShapesStream(**{**kwargs, "tasks": ("colour", "spelling")})
-    with pytest.raises(ValueError, match="centre questions come one per sample"):
-        train_shapes.ShapesStream(**kwargs, followups=2)
+    # with follow-ups, a centre question opens a conversation like any other
+    talks = itertools.islice(iter(train_shapes.ShapesStream(**kwargs, followups=2)), 8)
+    talk = next(r for r in talks if "centre of the image" in r["messages"][0]["content"][-1]["text"])
+    roles = [m["role"] for m in talk["messages"]]
+    assert len(roles) >= 4 and roles == ["user", "assistant"] * (len(roles) // 2)  # follow-ups from --tasks' colour
 
 
 def test_train_shapes_stream_asks_followups_about_the_same_image():

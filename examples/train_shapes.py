@@ -442,20 +442,23 @@ class ShapesStream(IterableDataset):
     curriculum: `opening_tasks` in turn, on full scenes, never as text (what
     examples/probe_ideal_tower.py trains, where colour and existence reach 88-100% on 1-5 shapes).
     The curriculum then runs over `total_samples` as without them. `centre_samples` > 0 puts that
-    many centre questions, alone and on full scenes, before the opening (the other phases' samples
-    stay those of a run without them): over exact visual tokens a language model learned centre
-    questions alone in 250-500 steps, and position right after, but not centre mixed with colour and
-    existence from the start."""
+    many centre questions, alone and on full scenes, after the opening (`centre_first`: before it),
+    the other phases' samples staying those of a run without them: over exact visual tokens a
+    language model learned centre questions alone in 250-500 steps, and position right after, but not
+    centre mixed with colour and existence from the start; and in a full run, centre steps before the
+    opening slowed its colour and existence (benchmarks/results/shapes_experiments.md)."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
                  position_group: int = 1, centre_group: int = 4,
-                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS, centre_samples: int = 0):
+                 opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS, centre_samples: int = 0,
+                 centre_first: bool = False):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
         self.opening_samples, self.opening_tasks = opening_samples, tuple(opening_tasks)
         self.centre_samples = centre_samples
+        self.centre_start = self.text_samples + (0 if centre_first else opening_samples)
         for name, chosen in (("", tasks), ("opening ", self.opening_tasks if opening_samples else ())):
             if not set(chosen) <= set(STREAM_TASKS):
                 raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
@@ -481,12 +484,12 @@ class ShapesStream(IterableDataset):
                   CENTRE: (self.centre_group, lambda seed, count, options: centre_samples(seed, count, **options))}
         slots = dict.fromkeys(groups, 0)
         for drawn in itertools.count():
-            # the centre steps come after the text steps; every other phase sees the index it would without them
-            in_centre = self.text_samples <= drawn < self.text_samples + self.centre_samples
-            index = drawn - self.centre_samples * (drawn >= self.text_samples + self.centre_samples)
+            # every phase but the centre steps sees the index it would without them
+            in_centre = self.centre_start <= drawn < self.centre_start + self.centre_samples
+            index = drawn - self.centre_samples * (drawn >= self.centre_start + self.centre_samples)
             seed = self.seed * 10_000_019 + index
             if in_centre:
-                seed = self.seed * 10_000_019 + 8_000_000 + drawn - self.text_samples  # seeds of their own
+                seed = self.seed * 10_000_019 + 8_000_000 + drawn - self.centre_start  # seeds of their own
                 tasks, task, level, as_text = (CENTRE,), CENTRE, len(CURRICULUM) - 1, False
             elif index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
@@ -671,8 +674,10 @@ def main() -> None:
                         help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
                              "curriculum (probe_ideal_tower.py's mix)")
     parser.add_argument("--centre-steps", type=int, default=0,
-                        help="after the text steps, before the opening, this many steps of centre questions alone "
+                        help="after the opening, before the curriculum, this many steps of centre questions alone "
                              "(one shape's place relative to the image's centre: a precursor of position)")
+    parser.add_argument("--centre-first", action="store_true",
+                        help="the centre steps before the opening instead (after the text steps)")
     parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
                         help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
@@ -768,7 +773,8 @@ def main() -> None:
                                                  position_group=args.position_group, centre_group=args.centre_group,
                                                  opening_samples=args.opening_steps * args.batch_size,
                                                  opening_tasks=tuple(args.opening_tasks.split(",")),
-                                                 centre_samples=args.centre_steps * args.batch_size),
+                                                 centre_samples=args.centre_steps * args.batch_size,
+                                                 centre_first=args.centre_first),
                       callbacks=[curve])
     trainer.train()
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
@@ -787,7 +793,7 @@ def main() -> None:
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
-                   "centre_steps": args.centre_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
+                   "centre_steps": args.centre_steps, "centre_first": args.centre_first, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")

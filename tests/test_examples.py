@@ -192,13 +192,15 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
         assert len(set(group)) == 4
         images.update(Counter(image for image, _ in group).values())
     assert images[1] and images[2] and images[3] + images[4] == 0  # level 0: scenes of one or two shapes
-    # --centre-steps: centre questions alone after the text steps, then every phase as without them
+    # --centre-steps: centre questions alone after the opening (--centre-first: after the text steps),
+    # every other phase as without them
     phases = dict(total_samples=2000, seed=0, smoke=False, text_samples=8, opening_samples=12, existence_group=1)
     plain = _stream_rows(train_shapes.ShapesStream(**phases), 60)
-    led = list(itertools.islice(iter(train_shapes.ShapesStream(**phases, centre_samples=16)), 76))
-    assert all("centre of the image" in r["messages"][0]["content"][-1]["text"] for r in led[8:24])
-    assert not any("centre of the image" in r["messages"][0]["content"][-1]["text"] for r in led[:8] + led[24:])
-    assert _stream_rows(iter(led[:8] + led[24:]), 60) == plain
+    for first, start in ((False, 20), (True, 8)):
+        led = list(itertools.islice(iter(train_shapes.ShapesStream(**phases, centre_samples=16, centre_first=first)), 76))
+        centre_rows = [i for i, r in enumerate(led) if "centre of the image" in r["messages"][0]["content"][-1]["text"]]
+        assert centre_rows == list(range(start, start + 16))
+        assert _stream_rows(iter(led[:start] + led[start + 16:]), 60) == plain
     with pytest.raises(ValueError, match="tasks spelling are neither ShapesWorld tasks"):
         train_shapes.ShapesStream(**{**kwargs, "tasks": ("colour", "spelling")})
     # with follow-ups, a centre question opens a conversation like any other

@@ -180,25 +180,25 @@ def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, 
     take the `group` minimal-pair questions about one scene (`existence_questions`) one after the
     other, so they share the batch and the task mix stays the same; `position_group` does the same
     for position (`position_questions`: each pair of shapes asked both ways)."""
-    grouped = {"existence": (group, existence_questions), "position": (position_group, position_questions)}
-    samples, pending = [], {task: [] for task in (*grouped, CENTRE)}
+    options = dict(difficulty=2, min_shapes=shapes[0], max_shapes=shapes[1])
+    # task -> (questions per group, draw(seed, count) -> that many questions); centre's four each ask
+    # about another shape (of one scene while it has enough)
+    grouped = {"existence": (group, lambda seed, count: existence_questions(
+                   make_sample(seed, task="existence", **options), seed, count)),
+               "position": (position_group, lambda seed, count: position_questions(
+                   make_sample(seed, task="position", **options), seed, count)),
+               CENTRE: (4, lambda seed, count: train_shapes.centre_samples(seed, count, **options))}
+    samples, pending = [], {task: [] for task in grouped}
     for index in range(batch_size):
         seed = 1_000_003 * (step + 1) + index
         task = tasks[index % len(tasks)]
-        if task == CENTRE:  # up to four questions a scene, each about another of its shapes
-            if not pending[task]:
-                pending[task] = train_shapes.centre_samples(seed, 4, difficulty=2, min_shapes=shapes[0],
-                                                            max_shapes=shapes[1])
-            samples.append(pending[task].pop(0))
-            continue
-        size, questions = grouped.get(task, (1, None))
+        size, draw = grouped.get(task, (1, None))
         if size > 1:
             if not pending[task]:
-                pending[task] = questions(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0],
-                                                      max_shapes=shapes[1]), seed, size)
+                pending[task] = draw(seed, size)
             samples.append(pending[task].pop(0))
             continue
-        samples.append(make_sample(seed, task=task, difficulty=2, min_shapes=shapes[0], max_shapes=shapes[1]))
+        samples.append(make_sample(seed, task=task, **options))
     return samples
 
 

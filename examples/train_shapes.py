@@ -522,7 +522,7 @@ class ShapesStream(IterableDataset):
                 if slot % group:
                     continue  # filled by the group that opened at slot - slot % group
                 # counted in groups: every group would otherwise fall on a text round
-                if index >= self.text_samples + self.opening_samples:
+                if not in_centre and index >= self.text_samples + self.opening_samples:  # the curriculum
                     as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (slot // group) % self.text_every == 0
                 items = draw(seed, group, sample_options)
             elif task == CENTRE:  # the others' single questions are the plain samples

@@ -201,7 +201,8 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
         centre_rows = [i for i, r in enumerate(led) if "centre of the image" in r["messages"][0]["content"][-1]["text"]]
         assert centre_rows == list(range(start, start + 16))
         assert _stream_rows(iter(led[:start] + led[start + 16:]), 60) == plain
-    # --centre-mixed: the same steps, every other slot an opening task in turn (full scenes, groups as ever)
+    # --centre-mixed: the same steps, every other slot an opening task in turn (one sample a slot with
+    # centre_group 1), on full scenes and never as text, as in the opening
     opening = ("colour", "existence", "count")
     mixed = list(itertools.islice(iter(train_shapes.ShapesStream(**phases, opening_tasks=opening, centre_samples=24,
                                                                   centre_mixed=True, centre_group=1)), 84))
@@ -211,6 +212,9 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
     assert all(a in COLOURS for a in answers[0::3]) and set(answers[1::3]) <= {"yes", "no"}
     assert all(a in map(str, range(1, 6)) for a in answers[2::3])
     assert _stream_rows(iter(mixed[:20] + mixed[44:]), 60) == plain
+    texted = itertools.islice(iter(train_shapes.ShapesStream(**{**phases, "existence_group": 2}, text_every=1,
+                                                              opening_tasks=opening, centre_samples=24, centre_mixed=True)), 20, 44)
+    assert all(r["messages"][0]["content"][0]["type"] == "image" for r in texted)
     with pytest.raises(ValueError, match="tasks spelling are neither ShapesWorld tasks"):
         train_shapes.ShapesStream(**{**kwargs, "tasks": ("colour", "spelling")})
     # with follow-ups, a centre question opens a conversation like any other

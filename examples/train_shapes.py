@@ -448,24 +448,28 @@ class ShapesStream(IterableDataset):
     centre mixed with colour and existence from the start; and in a full run, centre steps before the
     opening slowed its colour and existence; after it, 750 centre steps taught centre and then
     position (test 87%) but wiped the opening's answers, existence never fully relearned
-    (benchmarks/results/shapes_experiments.md). `centre_mixed` makes every other sample of those
-    steps one of `opening_tasks` instead, in turn."""
+    (benchmarks/results/shapes_experiments.md). `centre_mixed` > 0 makes every other sample of the
+    last that many of those steps one of `opening_tasks` instead, in turn: centre alone until learned,
+    then the opening's answers relearned beside it."""
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
                  position_group: int = 1, centre_group: int = 4,
                  opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS, centre_samples: int = 0,
-                 centre_first: bool = False, centre_mixed: bool = False):
+                 centre_first: bool = False, centre_mixed: int = 0):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
         self.text_tasks = [t for t in tasks if t in DESCRIBABLE_TASKS]
         self.text_samples = text_samples if self.text_tasks else 0
         self.opening_samples, self.opening_tasks = opening_samples, tuple(opening_tasks)
         self.centre_samples = centre_samples
         self.centre_start = self.text_samples + (0 if centre_first else opening_samples)
-        # centre_mixed: every other slot of the centre steps is an opening task, in turn, so that the
-        # opening's answers are kept while centre is taught (alone, they fall to 0% and are relearned)
-        self.centre_tasks = ((CENTRE,) if not centre_mixed else
-                             tuple(t for opening in self.opening_tasks for t in (CENTRE, opening) if opening != CENTRE))
+        # centre_mixed: in the last that many slots of the centre steps every other slot is an opening
+        # task, in turn, so that the opening's answers are kept or relearned while centre is taught
+        # (alone, they fall to 0%)
+        if not 0 <= centre_mixed <= centre_samples:
+            raise ValueError(f"centre_mixed is {centre_mixed} samples, not between 0 and the {centre_samples} centre samples")
+        self.centre_alone = centre_samples - centre_mixed
+        self.mixed_tasks = tuple(t for opening in self.opening_tasks for t in (CENTRE, opening) if opening != CENTRE)
         for name, chosen in (("", tasks), ("opening ", self.opening_tasks if opening_samples else ())):
             if not set(chosen) <= set(STREAM_TASKS):
                 raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
@@ -497,8 +501,9 @@ class ShapesStream(IterableDataset):
             seed = self.seed * 10_000_019 + index
             if in_centre:
                 seed = self.seed * 10_000_019 + 8_000_000 + drawn - self.centre_start  # seeds of their own
-                tasks, level, as_text = self.centre_tasks, len(CURRICULUM) - 1, False
-                task = tasks[(drawn - self.centre_start) % len(tasks)]
+                level, as_text, offset = len(CURRICULUM) - 1, False, drawn - self.centre_start
+                tasks = (CENTRE,) if offset < self.centre_alone else self.mixed_tasks
+                task = tasks[max(0, offset - self.centre_alone) % len(tasks)]
             elif index < self.text_samples:
                 # scenes of up to 3 shapes (level 1): enough distractors that matching names is the only way
                 task, level, as_text = self.text_tasks[index % len(self.text_tasks)], 1, True
@@ -688,6 +693,9 @@ def main() -> None:
                         help="the centre steps before the opening instead (after the text steps)")
     parser.add_argument("--centre-mixed", action="store_true",
                         help="the centre steps keep --opening-tasks in the batch: every other slot one of them, in turn")
+    parser.add_argument("--centre-mixed-steps", type=int, default=0,
+                        help="only the last this many of the --centre-steps are mixed as --centre-mixed does (the "
+                             "first ones centre alone): the opening's answers relearned once centre is learned")
     parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
                         help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
@@ -784,7 +792,8 @@ def main() -> None:
                                                  opening_samples=args.opening_steps * args.batch_size,
                                                  opening_tasks=tuple(args.opening_tasks.split(",")),
                                                  centre_samples=args.centre_steps * args.batch_size,
-                                                 centre_first=args.centre_first, centre_mixed=args.centre_mixed),
+                                                 centre_first=args.centre_first,
+                                                 centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size),
                       callbacks=[curve])
     trainer.train()
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
@@ -803,7 +812,7 @@ def main() -> None:
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
-                   "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
+                   "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")

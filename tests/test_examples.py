@@ -205,7 +205,7 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
     # centre_group 1), on full scenes and never as text, as in the opening
     opening = ("colour", "existence", "count")
     mixed = list(itertools.islice(iter(train_shapes.ShapesStream(**phases, opening_tasks=opening, centre_samples=24,
-                                                                  centre_mixed=True, centre_group=1)), 84))
+                                                                  centre_mixed=24, centre_group=1)), 84))
     asked = [r["messages"][0]["content"][-1]["text"] for r in mixed[20:44]]
     assert ["centre of the image" in q for q in asked] == [True, False] * 12
     answers = [r["messages"][1]["content"][0]["text"] for r in mixed[21:44:2]]  # colour, existence, count in turn
@@ -213,8 +213,17 @@ def test_train_shapes_stream_asks_centre_questions_in_groups_about_one_scene():
     assert all(a in map(str, range(1, 6)) for a in answers[2::3])
     assert _stream_rows(iter(mixed[:20] + mixed[44:]), 60) == plain
     texted = itertools.islice(iter(train_shapes.ShapesStream(**{**phases, "existence_group": 2}, text_every=1,
-                                                              opening_tasks=opening, centre_samples=24, centre_mixed=True)), 20, 44)
+                                                              opening_tasks=opening, centre_samples=24, centre_mixed=24)), 20, 44)
     assert all(r["messages"][0]["content"][0]["type"] == "image" for r in texted)
+    # --centre-mixed-steps: only the last ones mixed, centre alone before them
+    late = list(itertools.islice(iter(train_shapes.ShapesStream(**phases, opening_tasks=opening, centre_samples=24,
+                                                                 centre_mixed=10, centre_group=1)), 84))
+    asked = [r["messages"][0]["content"][-1]["text"] for r in late[20:44]]
+    assert ["centre of the image" in q for q in asked] == [True] * 14 + [True, False] * 5
+    assert [r["messages"][1]["content"][0]["text"] in COLOURS for r in late[35:44:2]] == [True, False, False, True, False]
+    assert _stream_rows(iter(late[:20] + late[44:]), 60) == plain
+    with pytest.raises(ValueError, match="centre_mixed is 30 samples, not between 0 and the 24 centre samples"):
+        train_shapes.ShapesStream(**phases, centre_samples=24, centre_mixed=30)
     with pytest.raises(ValueError, match="tasks spelling are neither ShapesWorld tasks"):
         train_shapes.ShapesStream(**{**kwargs, "tasks": ("colour", "spelling")})
     # with follow-ups, a centre question opens a conversation like any other

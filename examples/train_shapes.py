@@ -720,6 +720,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
     structured = structured_heads(args.structured_heads)
+    if args.centre_mixed and args.centre_mixed_steps:
+        parser.error("--centre-mixed mixes all the centre steps; give it or --centre-mixed-steps, not both")
+    if not 0 <= args.centre_mixed_steps <= args.centre_steps:
+        parser.error(f"--centre-mixed-steps is {args.centre_mixed_steps}, not between 0 and --centre-steps ({args.centre_steps})")
     if args.smoke:
         args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
         args.vision_steps, args.text_steps, args.opening_steps = 10, 4, 2  # the smoke run checks every stage

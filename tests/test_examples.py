@@ -604,3 +604,12 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     assert calls == [("validation", 96, True), ("train", 7, False), ("train", 7, False), ("train", 7, True)]
     assert heads.motion and [row["step"] for row in curve] == [3]
     assert {"motion", "still"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--centre-steps", "10", "--centre-mixed-steps", "20"], "--centre-mixed-steps is 20, not between 0 and --centre-steps (10)"),
+    (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both")])
+def test_train_shapes_rejects_centre_mixed_steps_it_cannot_run(tmp_path, flags, message):
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
+    result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr

@@ -643,6 +643,27 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
     return groups
 
 
+def train_language_model(model, collator, stream, args, steps: int, lr: float, warmup: int, schedule: str, curve) -> None:
+    """Stage 2 (and the polish after it): `steps` steps of Trainer over `stream`, the tower's and the
+    mergers' learning rates scaled as `stage_2_param_groups` says, a fresh AdamW."""
+    training_args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=lr, warmup_steps=warmup, lr_scheduler_type=schedule, weight_decay=0.01,
+        logging_steps=max(1, steps // 100), save_strategy="no", report_to=[], use_cpu=True,
+        remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
+        # accelerate's batch dispatcher (its default for iterable datasets) slices every tensor to the
+        # batch size, which would cut pixel_values: (patches of all images, C*T*P*P) has no batch dim
+        accelerator_config={"dispatch_batches": False},
+    )
+    optimizer = torch.optim.AdamW(stage_2_param_groups(model, lr, args.vision_lr_scale, args.deepstack_lr_scale,
+                                                       args.frame_difference_lr_scale),
+                                  lr=lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
+    trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
+                      compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
+                      train_dataset=stream, callbacks=[curve])
+    trainer.train()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -717,8 +738,21 @@ def main() -> None:
                         help="a BPE of up to 1024 tokens that learns the role names too, digits split: every "
                              "ShapesWorld word, \"user\" and \"assistant\" one token (the default 512 spells "
                              "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter")
+    parser.add_argument("--polish-steps", type=int, default=0,
+                        help="after stage 2, this many steps of --polish-tasks in turn on full scenes, at --polish-lr "
+                             "(cosine, a fresh optimizer): what the curriculum's last tasks crowded out, relearned")
+    parser.add_argument("--polish-lr", type=float, default=1e-4)
+    parser.add_argument("--polish-tasks", default="colour,existence,count,position,centre,motion")
+    parser.add_argument("--init-from", help="start from the model and processor a run saved in this folder: stages 1 "
+                                            "and 2 skipped, only the --polish-steps run")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
     args = parser.parse_args()
+    polish_tasks = tuple(args.polish_tasks.split(","))
+    if args.init_from and not args.polish_steps:
+        parser.error("--init-from skips stages 1 and 2: give --polish-steps too, or there is nothing to train")
+    if not set(polish_tasks) <= set(STREAM_TASKS):
+        parser.error(f"--polish-tasks {', '.join(sorted(set(polish_tasks) - set(STREAM_TASKS)))} are neither "
+                     f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
     structured = structured_heads(args.structured_heads)
     if args.centre_mixed and args.centre_mixed_steps:
         parser.error("--centre-mixed mixes all the centre steps; give it or --centre-mixed-steps, not both")
@@ -733,11 +767,17 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     start = time.time()
-    words = args.word_tokenizer
-    tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000, role_words=words),
-                                       vocab_size=1024 if words else 512, split_digits=words)
-    model, processor = build_model_and_processor(tokenizer, args.smoke)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+    if args.init_from:
+        model = vlmkit.VLMKitForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+        processor = vlmkit.VLMKitProcessor.from_pretrained(args.init_from)
+        args.vision_steps = args.text_steps = args.centre_steps = args.opening_steps = args.steps = 0
+        print(f"loaded {args.init_from}: only the polish steps run")
+    else:
+        words = args.word_tokenizer
+        tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000, role_words=words),
+                                           vocab_size=1024 if words else 512, split_digits=words)
+        model, processor = build_model_and_processor(tokenizer, args.smoke)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}")
 
     vision_curve, heads, vision_minutes = [], None, 0.0
     from_cache = bool(args.vision_steps and args.stage1_cache and os.path.exists(args.stage1_cache))
@@ -773,34 +813,33 @@ def main() -> None:
 
     tasks = tuple(args.tasks.split(","))
     collator = VLMKitDataCollator(processor)
-    curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
-    training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=args.text_steps + args.centre_steps + args.opening_steps + args.steps, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, warmup_steps=args.warmup, lr_scheduler_type=args.lr_schedule, weight_decay=0.01,
-        logging_steps=max(1, args.steps // 100), save_strategy="no", report_to=[], use_cpu=True,
-        remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
-        # accelerate's batch dispatcher (its default for iterable datasets) slices every tensor to the
-        # batch size, which would cut pixel_values: (patches of all images, C*T*P*P) has no batch dim
-        accelerator_config={"dispatch_batches": False},
-    )
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(stage_2_param_groups(model, args.lr, args.vision_lr_scale, args.deepstack_lr_scale,
-                                                       args.frame_difference_lr_scale),
-                                  lr=args.lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
-    trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
-                      compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
-                      train_dataset=ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
-                                                 text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
-                                                 existence_group=args.existence_group, followups=args.followups,
-                                                 position_group=args.position_group, centre_group=args.centre_group,
-                                                 opening_samples=args.opening_steps * args.batch_size,
-                                                 opening_tasks=tuple(args.opening_tasks.split(",")),
-                                                 centre_samples=args.centre_steps * args.batch_size,
-                                                 centre_first=args.centre_first,
-                                                 centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size),
-                      callbacks=[curve])
-    trainer.train()
+    curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
+    groups = dict(existence_group=args.existence_group, position_group=args.position_group, centre_group=args.centre_group)
+    if not args.init_from:
+        stage_2 = ShapesStream(args.steps * args.batch_size, args.seed, args.smoke, tasks,
+                               text_samples=args.text_steps * args.batch_size, text_every=args.text_every,
+                               followups=args.followups, **groups,
+                               opening_samples=args.opening_steps * args.batch_size,
+                               opening_tasks=tuple(args.opening_tasks.split(",")),
+                               centre_samples=args.centre_steps * args.batch_size,
+                               centre_first=args.centre_first,
+                               centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size)
+        train_language_model(model, collator, stage_2, args, args.text_steps + args.centre_steps + args.opening_steps + args.steps,
+                             args.lr, args.warmup, args.lr_schedule, curve)
+    polish = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
+    if args.polish_steps:
+        # seeds of their own (seed + 1): none of stage 2's scenes again; the opening's phase of a stream
+        # is the tasks in turn on full scenes, which is what the polish is
+        stream = ShapesStream(0, args.seed + 1, args.smoke, tasks, **groups,
+                              opening_samples=args.polish_steps * args.batch_size, opening_tasks=polish_tasks)
+        train_language_model(model, collator, stream, args, args.polish_steps, args.polish_lr,
+                             max(1, args.polish_steps // 10), "cosine", polish)
     minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
+    init_log = None
+    if args.init_from and os.path.exists(os.path.join(args.init_from, "training_log.json")):
+        with open(os.path.join(args.init_from, "training_log.json")) as handle:
+            init_log = json.load(handle)
     # what stage 2 left of stage 1: its heads on the same validation images, scored against the
     # language model's word rows as they are now
     vision_after = (vision_probe(model.model.visual, heads, vision_validation(processor, structured, args.motion_steps > 0))
@@ -811,15 +850,18 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(args.out)
     processor.save_pretrained(args.out)
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
-        json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
+        json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(processor.tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
                    "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
+                   "polish_steps": args.polish_steps, "polish_lr": args.polish_lr, "polish_tasks": args.polish_tasks,
+                   "polish_curve": polish.curve, "polish_evals": polish.evals, "init_from": args.init_from, "init_from_log": init_log,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
-    print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} steps in {minutes:.1f} min; saved to {args.out}")
+    print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} "
+          f"+ {args.polish_steps} polish steps in {minutes:.1f} min; saved to {args.out}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from vlmkit.cli import load
-from vlmkit.data import COLOURS
+from vlmkit.data import COLOURS, HELDOUT_COMBOS, SEEN_COMBOS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,8 +74,19 @@ def test_probe_question_use_asks_about_each_shape_and_counterfactuals():
         assert other_colour["question"].endswith(f" {shape['kind']}?") and f" {shape['colour']} " not in other_colour["question"]
         assert other_kind["question"].startswith(f"Is there a {shape['colour']} ") and not other_kind["question"].endswith(f" {shape['kind']}?")
         assert [same["answer"], other_colour["answer"], other_kind["answer"]] == ["yes", "no", "no"]
+    for heldout, pairs in ((True, HELDOUT_COMBOS), (False, SEEN_COMBOS)):
+        lone = probe.one_shape_colour_questions(6, heldout=heldout)
+        shapes = [s["scene"]["shapes"] for s in lone]
+        assert len(lone) == 6 and all(len(group) == 1 for group in shapes)
+        assert all((g[0]["colour"], g[0]["kind"]) in pairs for g in shapes) and {s["split"] for s in lone} == {"test"}
+        assert [(s["question"], s["answer"]) for s in lone] == [(f"What colour is the {g[0]['kind']}?", g[0]["colour"]) for g in shapes]
     model, processor = load(None)
     report = probe.probe(model, processor, num_scenes=4)
+    assert set(report["one_shape_colour"]) == {"seen", "held_out"}
+    for entry in report["one_shape_colour"].values():
+        assert entry["scenes"] == 4 and 0.0 <= entry["accuracy"] <= 1.0
+        # one shape a scene, 32 px tokens: a few tokens each, the shipped tower's colour still its own word's
+        assert 4 <= entry["tokens_nearest_name"]["shape_tokens"] <= 100 and entry["tokens_nearest_name"]["colour"] >= 0.9
     assert report["two_shape_colour"]["scenes"] == report["one_shape_existence_yes_rate"]["scenes"] == 4
     rates = [*report["two_shape_colour"].values(), *report["one_shape_existence_yes_rate"].values()]
     assert all(0.0 <= r <= 1.0 for r in rates if isinstance(r, float))
@@ -608,8 +619,10 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
 
 @pytest.mark.parametrize("flags, message", [
     (["--centre-steps", "10", "--centre-mixed-steps", "20"], "--centre-mixed-steps is 20, not between 0 and --centre-steps (10)"),
-    (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both")])
-def test_train_shapes_rejects_centre_mixed_steps_it_cannot_run(tmp_path, flags, message):
+    (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both"),
+    (["--init-from", "some/run"], "--init-from skips stages 1 and 2: give --polish-steps too"),
+    (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks")])
+def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
     result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)
     assert result.returncode == 2 and message in result.stderr

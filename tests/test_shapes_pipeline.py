@@ -7,8 +7,27 @@ import sys
 
 import pytest
 
+from vlmkit.cli import EXISTENCE_CASES, existence_case
+from vlmkit.data import make_sample
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def test_existence_cases_say_what_the_scene_holds_of_the_named_shape():
+    samples = [make_sample(seed, task="existence", split="test") for seed in range(200)]
+    cases = [existence_case(s) for s in samples]
+    for sample, case in zip(samples, cases):
+        query, shapes = sample["query"], sample["scene"]["shapes"]
+        named = [(s["colour"] == query["colour"], s["kind"] == query["kind"]) for s in shapes]
+        assert (case == "present") == ((True, True) in named) == query["present"]
+        if case == "colour_and_kind_apart":
+            assert (True, False) in named and (False, True) in named
+    # ShapesWorld's "no" names the colour of one shape and the kind of another; a lone shape gives one of them
+    several = [c for c, s in zip(cases, samples) if len(s["scene"]["shapes"]) > 1 and c != "present"]
+    alone = [c for c, s in zip(cases, samples) if len(s["scene"]["shapes"]) == 1 and c != "present"]
+    assert set(several) == {"colour_and_kind_apart"} and set(alone) == {"colour_only", "kind_only"}
+    assert len(several) >= 50 and len(alone) >= 5
 
 
 @pytest.mark.slow
@@ -18,7 +37,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
                             "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
                             "--opening-steps", "2", "--lr-schedule", "constant_with_warmup", "--text-every", "4",
                             "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3",
-                            "--frame-difference-lr-scale", "1"],
+                            "--frame-difference-lr-scale", "1", "--polish-steps", "3", "--polish-tasks", "existence,centre"],
                            capture_output=True, text=True, timeout=600, env=ENV)
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
@@ -30,6 +49,9 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["lr_schedule"] == "constant_with_warmup"
     assert log["frame_difference_lr_scale"] == 1.0
     assert [e["step"] for e in log["evals"]] == [10, 20, 26]
+    # then 3 polish steps (a fresh schedule and step count), probed at their end
+    assert log["polish_steps"] == 3 and log["polish_tasks"] == "existence,centre"
+    assert [e["step"] for e in log["polish_evals"]] == [3] and len(log["polish_curve"]) == 3
     tasks = ("caption", "count", "colour", "existence", "position", "grounding", "motion")
     assert all(0.0 <= e[f"{t}/{kind}"] <= 1.0 for e in log["evals"] for t in tasks for kind in ("image", "blank"))
     # stage 1 (dense per-token supervision of the vision tower): 10 steps, one validation probe
@@ -64,11 +86,23 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
         weighted = sum(entry["accuracy_by_shapes"][n] * entry["n_by_shapes"][n] for n in entry["n_by_shapes"])
         assert abs(weighted / entry["n"] - entry["accuracy"]) <= 1e-3
     assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
+    existence = report["tasks"]["existence"]
+    assert sum(existence["n_by_case"].values()) == existence["n"] and set(existence["n_by_case"]) <= set(EXISTENCE_CASES)
 
     demo = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "demo"],
                           capture_output=True, text=True, timeout=600, env=ENV)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert demo.stdout.count("truth:") == 7 and "correct in" in demo.stdout
+
+    # --init-from: more polish steps on the saved run, nothing else; its log keeps the first run's
+    polished = tmp_path / "polished"
+    again = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(polished),
+                            "--init-from", str(out), "--polish-steps", "2"], capture_output=True, text=True, timeout=600, env=ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = json.loads((polished / "training_log.json").read_text())
+    assert second["init_from"] == str(out) and second["init_from_log"]["polish_steps"] == 3
+    assert second["vision_steps"] == second["steps"] == 0 and second["evals"] == [] and len(second["polish_curve"]) == 2
+    assert (polished / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
 
 
 @pytest.mark.slow

@@ -73,6 +73,22 @@ def answer_samples(model, processor, samples: list[dict], batch_size: int = 16, 
     return [a.strip() for a in answers]
 
 
+EXISTENCE_CASES = ("present", "colour_and_kind_apart", "colour_only", "kind_only", "neither")
+
+
+def existence_case(sample: dict) -> str:
+    """What an existence question's truth turns on: "present", or for an absent shape what the scene
+    holds of it. "colour_and_kind_apart" (its colour on one shape, its kind on another) is the case
+    only binding the two words answers; "colour_only" and "kind_only" a model reading one word does."""
+    query, shapes = sample["query"], sample["scene"]["shapes"]
+    if query["present"]:
+        return "present"
+    colour = any(s["colour"] == query["colour"] for s in shapes)
+    kind = any(s["kind"] == query["kind"] for s in shapes)
+    return {(True, True): "colour_and_kind_apart", (True, False): "colour_only", (False, True): "kind_only",
+            (False, False): "neither"}[colour, kind]
+
+
 def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 0, progress: bool = True,
              novelty_reference: int = 20000) -> dict:
     """Accuracy per task (grounding: mean IoU and accuracy at IoU >= 0.5), on seen and held-out
@@ -111,6 +127,12 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
             by_shapes[len(s["scene"]["shapes"])].append(hit)
         entry["accuracy_by_shapes"] = {str(n): round(sum(g) / len(g), 4) for n, g in sorted(by_shapes.items())}
         entry["n_by_shapes"] = {str(n): len(g) for n, g in sorted(by_shapes.items())}
+        if task == "existence":
+            by_case = defaultdict(list)
+            for hit, (s, _, _) in zip(hits, rows):
+                by_case[existence_case(s)].append(hit)
+            entry["accuracy_by_case"] = {c: round(sum(by_case[c]) / len(by_case[c]), 4) for c in EXISTENCE_CASES if by_case[c]}
+            entry["n_by_case"] = {c: len(by_case[c]) for c in EXISTENCE_CASES if by_case[c]}
         entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)
         if task == "grounding":
             ious = [iou(parse_box(p), parse_box(s["answer"])) for s, p, _ in rows]
@@ -146,6 +168,10 @@ def format_report(report: dict) -> str:
         lines.append(f"| {task} | " + " | ".join(
             f"{e['accuracy_by_shapes'][str(n)]:.0%} ({e['n_by_shapes'][str(n)]})" if str(n) in e["accuracy_by_shapes"] else "-"
             for n in counts) + " |")
+    if "accuracy_by_case" in report["tasks"].get("existence", {}):
+        e = report["tasks"]["existence"]
+        lines += ["", "Existence by what the scene holds of the named shape (questions): " + ", ".join(
+            f"{case.replace('_', ' ')} {e['accuracy_by_case'][case]:.0%} ({e['n_by_case'][case]})" for case in e["accuracy_by_case"])]
     return "\n".join(lines)
 
 

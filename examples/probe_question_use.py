@@ -14,7 +14,11 @@ Two probes on validation scenes, answered greedily:
   words: on validation images, the share of shape tokens whose nearest name by cosine similarity
   to the language model's embeddings of the kind names (" star") and colour names (" red") is the
   shape's own. Stage 1 of train_shapes.py trains exactly this alignment; this shows how much of it
-  survives stage 2.
+  survives stage 2;
+- composition: one-shape test scenes of seen and of held-out colour-kind pairs (never in training),
+  "What colour is the {kind}?" answered, and the same alignment of their shape tokens. With one
+  shape there is nothing to confuse it with: if the tokens still carry the colour's word but the
+  answer is wrong, the language model reads the colour through the kind, not the tower.
 """
 
 import argparse
@@ -26,6 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_shapes import dense_batch, name_token_ids  # noqa: E402  (stage 1's labels and name tokens)
+
+from vlmkit.data.shapes import cell_labels  # noqa: E402
 
 from vlmkit.cli import answer_samples, load  # noqa: E402
 from vlmkit.data import COLOURS, KINDS, make_sample  # noqa: E402
@@ -58,10 +64,35 @@ def one_shape_existence_questions(num_scenes: int) -> list[dict]:
     return samples
 
 
-def visual_word_alignment(model, processor, num_images: int = 96) -> dict:
+def one_shape_colour_questions(num_scenes: int, heldout: bool) -> list[dict]:
+    """One-shape test scenes of held-out (or of seen) colour-kind pairs, "What colour is the {kind}?"."""
+    samples, seed = [], 0
+    while len(samples) < num_scenes:
+        sample = make_sample(seed, task="colour", split="test", heldout=heldout, difficulty=0, max_shapes=1)
+        seed += 1
+        if len(sample["scene"]["shapes"]) == 1:
+            (shape,) = sample["scene"]["shapes"]
+            samples.append({**sample, "question": f"What colour is the {shape['kind']}?", "answer": shape["colour"]})
+    return samples
+
+
+def sample_cells(processor, samples: list[dict]):
+    """Pixel values, grid and (N_tokens, 2) kind / colour labels of the samples' images, as dense_batch gives them."""
+    inputs = processor.image_processor(images=[s["image"] for s in samples], return_tensors="pt")
+    cell = processor.image_processor.patch_size * processor.image_processor.merge_size
+    cells = [cell_labels(s["scene"], cell=cell) for s in samples]
+    labels = [torch.stack([torch.from_numpy(c[k]).reshape(-1) for k in ("kind", "colour")], -1) for c in cells]  # each (tokens, 2)
+    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)
+
+
+def visual_word_alignment(model, processor, num_images: int = 96, samples: list[dict] | None = None) -> dict:
     """Share of shape tokens (merged visual tokens on a shape) whose most cosine-similar kind name and
-    colour name, among the language model's input embeddings of the names, are the shape's own."""
-    pixel_values, grid, labels = dense_batch(processor, list(range(num_images)), split="validation")
+    colour name, among the language model's input embeddings of the names, are the shape's own; on
+    `num_images` validation images, or on the images of `samples`."""
+    if samples is None:
+        pixel_values, grid, labels = dense_batch(processor, list(range(num_images)), split="validation")
+    else:
+        pixel_values, grid, labels = sample_cells(processor, samples)
     embeddings = model.get_input_embeddings().weight.detach().float()
     with torch.no_grad():
         tokens = model.model.visual(pixel_values.to(model.dtype), grid).pooler_output.float()  # (N, D)
@@ -95,7 +126,17 @@ def probe(model, processor, num_scenes: int = 40) -> dict:
             "other_kind": round(sum(yes[2]) / num_scenes, 3),
         },
         "visual_tokens_nearest_name": visual_word_alignment(model, processor),
+        "one_shape_colour": {name: composition(model, processor, num_scenes, heldout)
+                             for name, heldout in (("seen", False), ("held_out", True))},
     }
+
+
+def composition(model, processor, num_scenes: int, heldout: bool) -> dict:
+    samples = one_shape_colour_questions(num_scenes, heldout)
+    answers = answer_samples(model, processor, samples, batch_size=40, max_new_tokens=4)
+    return {"scenes": num_scenes,
+            "accuracy": round(sum(a == s["answer"] for a, s in zip(answers, samples)) / num_scenes, 3),
+            "tokens_nearest_name": visual_word_alignment(model, processor, samples=samples)}
 
 
 def main() -> None:
@@ -118,6 +159,10 @@ def main() -> None:
     aligned = report["visual_tokens_nearest_name"]
     print(f"visual tokens on shapes ({aligned['shape_tokens']}) nearest the language model's word for their own "
           f"kind {aligned['kind']:.0%}, colour {aligned['colour']:.0%} (chance {1 / len(KINDS):.0%})")
+    for name, entry in report["one_shape_colour"].items():
+        tokens = entry["tokens_nearest_name"]
+        print(f"one shape of a {name.replace('_', '-')} colour-kind pair (test, {entry['scenes']} scenes): colour answered "
+              f"{entry['accuracy']:.0%}; its tokens nearest their own colour's word {tokens['colour']:.0%}, kind's {tokens['kind']:.0%}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms
 --opening-steps of colour, existence and count on full scenes, existence as minimal pairs
 (--existence-group 8: eight questions about one scene side by side, half one word off), then follows
 a curriculum that starts on small, plain scenes and the one-word tasks (--text-steps / --text-every
-can also give count, colour and existence as scenes described in words; off by default); (5) save
+can also give count, colour and existence as scenes described in words; off by default); (4b)
+with --polish-steps, a short second run (fresh optimizer, cosine from --polish-lr) over
+--polish-tasks in turn on full scenes, to relearn what the curriculum's last tasks crowded out
+(--init-from DIR runs only this on a saved model); (5) save
 model (bf16 safetensors) + processor, and write the learning curves next to them: stage 1's token
 accuracies, the loss, and every --eval-every steps the exact-match rate per task on fixed validation
 questions with the real image and with a blank one (the gap is what the model gets from looking).

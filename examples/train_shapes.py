@@ -60,6 +60,11 @@ STREAM_TASKS = (*TASKS, CENTRE)
 LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE), STREAM_TASKS, STREAM_TASKS)
 # What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
 OPENING_TASKS = ("colour", "existence", "count")
+# What --polish-steps train after it, in turn: existence (minimal pairs, binding colour to kind) and
+# colour and count most, as the centre steps and the curriculum left them furthest behind; one slot
+# each for caption and grounding, without which their answers become direction words
+POLISH_TASKS = ("existence", "colour", "existence", "count", "colour", "position", "existence", CENTRE, "motion",
+                "count", "caption", "grounding")
 
 
 def centre_samples(seed: int, count: int, **options) -> list[dict]:
@@ -681,7 +686,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=250, help="steps between validation probes (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated ShapesWorld tasks to train on")
+    parser.add_argument("--tasks", default=",".join((*TASKS, CENTRE)),
+                        help="comma-separated ShapesWorld tasks to train on, and centre questions (a precursor of position)")
     parser.add_argument("--vision-lr-scale", type=float, default=0.0,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
                              "(0: frozen, so the VLM's gradients do not wash out the kinds stage 1 taught)")
@@ -695,7 +701,7 @@ def main() -> None:
                         help="stage 1: steps of dense per-token supervision of the vision tower (0: skip); "
                              "4000 take 17-28 min (by machine) and reach 91%% kind accuracy on shape tokens")
     parser.add_argument("--vision-lr", type=float, default=5e-4, help="stage 1 learning rate")
-    parser.add_argument("--structured-heads", default="",
+    parser.add_argument("--structured-heads", default="place",
                         help="stage 1 also teaches every token these (comma-separated; STRUCTURED_CHOICES or the groups "
                              "count, layout, all): the scene's counts, its shape's size, left-to-right rank and box "
                              "digits, the background, where the cell is")
@@ -710,7 +716,7 @@ def main() -> None:
     parser.add_argument("--opening-steps", type=int, default=1500,
                         help="after the text steps, this many steps of --opening-tasks on full scenes, before the "
                              "curriculum (probe_ideal_tower.py's mix)")
-    parser.add_argument("--centre-steps", type=int, default=0,
+    parser.add_argument("--centre-steps", type=int, default=750,
                         help="after the opening, before the curriculum, this many steps of centre questions alone "
                              "(one shape's place relative to the image's centre: a precursor of position)")
     parser.add_argument("--centre-first", action="store_true",
@@ -726,7 +732,7 @@ def main() -> None:
     parser.add_argument("--existence-group", type=int, default=8,
                         help="existence comes as this many questions about one scene side by side, half naming a "
                              "shape in it and half one word off one (minimal pairs; 1: one question per scene)")
-    parser.add_argument("--position-group", type=int, default=1,
+    parser.add_argument("--position-group", type=int, default=8,
                         help="position comes as this many questions about one scene side by side, each pair of "
                              "shapes asked both ways (minimal pairs; 1: one question per scene)")
     parser.add_argument("--centre-group", type=int, default=4,
@@ -741,11 +747,11 @@ def main() -> None:
                         help="a BPE of up to 1024 tokens that learns the role names too, digits split: every "
                              "ShapesWorld word, \"user\" and \"assistant\" one token (the default 512 spells "
                              "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter")
-    parser.add_argument("--polish-steps", type=int, default=0,
+    parser.add_argument("--polish-steps", type=int, default=1500,
                         help="after stage 2, this many steps of --polish-tasks in turn on full scenes, at --polish-lr "
                              "(cosine, a fresh optimizer): what the curriculum's last tasks crowded out, relearned")
-    parser.add_argument("--polish-lr", type=float, default=1e-4)
-    parser.add_argument("--polish-tasks", default="colour,existence,count,position,centre,motion")
+    parser.add_argument("--polish-lr", type=float, default=2e-4)
+    parser.add_argument("--polish-tasks", default=",".join(POLISH_TASKS))
     parser.add_argument("--init-from", help="start from the model and processor a run saved in this folder: stages 1 "
                                             "and 2 skipped, only the --polish-steps run")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
@@ -765,6 +771,8 @@ def main() -> None:
         args.steps, args.batch_size, args.vision_batch_size, args.warmup, args.eval_every = 20, 4, 4, 2, 10
         args.vision_steps, args.text_steps, args.opening_steps = 10, 4, 2  # the smoke run checks every stage
         args.motion_steps = min(args.motion_steps, 5)  # half of stage 1, so both halves run
+        args.centre_steps, args.polish_steps = min(args.centre_steps, 2), min(args.polish_steps, 3)
+        args.centre_mixed_steps = min(args.centre_mixed_steps, args.centre_steps)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

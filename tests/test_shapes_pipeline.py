@@ -48,7 +48,11 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["opening_steps"] == 2 and log["opening_tasks"] == "colour,existence,count"
     assert log["lr_schedule"] == "constant_with_warmup"
     assert log["frame_difference_lr_scale"] == 1.0
-    assert [e["step"] for e in log["evals"]] == [10, 20, 26]
+    # the defaults: 2 steps of centre questions alone (750 in a full run) after the opening, position as
+    # minimal-pair groups, a stage-1 place head
+    assert log["centre_steps"] == 2 and log["position_group"] == 8 and log["structured_heads"] == ["place"]
+    assert log["tasks"] == "caption,count,colour,existence,position,grounding,motion,centre"
+    assert [e["step"] for e in log["evals"]] == [10, 20, 28]
     # then 3 polish steps (a fresh schedule and step count), probed at their end
     assert log["polish_steps"] == 3 and log["polish_tasks"] == "existence,centre"
     assert [e["step"] for e in log["polish_evals"]] == [3] and len(log["polish_curve"]) == 3
@@ -61,7 +65,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["motion_steps"] == 5  # the default 1,000, cut to half of the smoke run's stage 1
     # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
     after = log["vision_after_stage_2"]
-    assert set(after) == {"kind", "colour", "background", "centre", "motion", "still"} and all(0.0 <= v <= 1.0 for v in after.values())
+    assert set(after) == {"kind", "colour", "background", "centre", "place", "motion", "still"} and all(0.0 <= v <= 1.0 for v in after.values())
     assert log["existence_group"] == 4
     # every image sample a conversation: its question, then 2 more about the same image, each answer weighing the
     # same; one token per word and per role name, digits split
@@ -127,12 +131,14 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
-    assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 640" in mismatch.stderr
-    structured, _ = train("--structured-heads", "where,count")  # the cached tower was not taught the structured labels
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 640 --structured-heads place") in mismatch.stderr
+    structured, _ = train("--structured-heads", "where,count")  # the cached tower was taught the place head, not these
     assert structured.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 5 at vocab 512 "
-            "--structured-heads total,colour_count,kind_count,where") in structured.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 512 --structured-heads total,colour_count,kind_count,where") in structured.stderr
     stills, _ = train("--motion-steps", "0")  # the cached tower was shown clips
     assert stills.returncode != 0
-    assert "holds 10 stage-1 steps (5 with clips) at vocab 512, not --vision-steps 10 --motion-steps 0 at vocab 512" in stills.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, not --vision-steps 10 --motion-steps 0 "
+            "at vocab 512 --structured-heads place") in stills.stderr
 

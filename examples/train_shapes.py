@@ -7,15 +7,17 @@ Steps: (1) train a byte-level BPE tokenizer on ShapesWorld questions and answers
 vlmkit model (merger connector, DeepStack on) and its processor; (3) stage 1, --vision-steps: train
 the vision tower and merger alone on dense labels read off the scene description (every merged token:
 the kind and colour of the shape it shows, scored against the language model's embeddings of those
-names, or background; and whether a shape's centre is in it; in the last --motion-steps, clips too,
-and which way the token's shape moves); (4) stage 2: train the language model
+names, or background; whether a shape's centre is in it; with --structured-heads place, the shape's
+offset from the image's centre; in the last --motion-steps, clips too, and which way the token's
+shape moves); (4) stage 2: train the language model
 and the DeepStack mergers with Trainer, the tower frozen (--vision-lr-scale 0), on fresh samples
 drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms). It opens with
 --opening-steps of colour, existence and count on full scenes, existence as minimal pairs
-(--existence-group 8: eight questions about one scene side by side, half one word off), then follows
-a curriculum that starts on small, plain scenes and the one-word tasks (--text-steps / --text-every
+(--existence-group 8: eight questions about one scene side by side, half one word off), then
+--centre-steps of centre questions alone ("Where is the red star relative to the centre of the
+image?", the step before position), then follows a curriculum that starts on small, plain scenes and the one-word tasks (--text-steps / --text-every
 can also give count, colour and existence as scenes described in words; off by default); (4b)
-with --polish-steps, a short second run (fresh optimizer, cosine from --polish-lr) over
+--polish-steps, a short second run (fresh optimizer, cosine from --polish-lr) over
 --polish-tasks in turn on full scenes, to relearn what the curriculum's last tasks crowded out
 (--init-from DIR runs only this on a saved model); (5) save
 model (bf16 safetensors) + processor, and write the learning curves next to them: stage 1's token

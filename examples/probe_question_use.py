@@ -29,9 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_shapes import dense_batch, name_token_ids  # noqa: E402  (stage 1's labels and name tokens)
-
-from vlmkit.data.shapes import cell_labels  # noqa: E402
+from train_shapes import dense_batch, dense_labels, name_token_ids  # noqa: E402  (stage 1's labels and name tokens)
 
 from vlmkit.cli import answer_samples, load  # noqa: E402
 from vlmkit.data import COLOURS, KINDS, make_sample  # noqa: E402
@@ -76,15 +74,6 @@ def one_shape_colour_questions(num_scenes: int, heldout: bool) -> list[dict]:
     return samples
 
 
-def sample_cells(processor, samples: list[dict]):
-    """Pixel values, grid and (N_tokens, 2) kind / colour labels of the samples' images, as dense_batch gives them."""
-    inputs = processor.image_processor(images=[s["image"] for s in samples], return_tensors="pt")
-    cell = processor.image_processor.patch_size * processor.image_processor.merge_size
-    cells = [cell_labels(s["scene"], cell=cell) for s in samples]
-    labels = [torch.stack([torch.from_numpy(c[k]).reshape(-1) for k in ("kind", "colour")], -1) for c in cells]  # each (tokens, 2)
-    return inputs["pixel_values"], inputs["image_grid_thw"], torch.cat(labels)
-
-
 def visual_word_alignment(model, processor, num_images: int = 96, samples: list[dict] | None = None) -> dict:
     """Share of shape tokens (merged visual tokens on a shape) whose most cosine-similar kind name and
     colour name, among the language model's input embeddings of the names, are the shape's own; on
@@ -92,7 +81,7 @@ def visual_word_alignment(model, processor, num_images: int = 96, samples: list[
     if samples is None:
         pixel_values, grid, labels = dense_batch(processor, list(range(num_images)), split="validation")
     else:
-        pixel_values, grid, labels = sample_cells(processor, samples)
+        pixel_values, grid, labels = dense_labels(processor, samples)
     embeddings = model.get_input_embeddings().weight.detach().float()
     with torch.no_grad():
         tokens = model.model.visual(pixel_values.to(model.dtype), grid).pooler_output.float()  # (N, D)

@@ -69,6 +69,13 @@ POLISH_TASKS = ("existence", "colour", "existence", "count", "colour", "position
                 "count", "caption", "grounding")
 
 
+def check_stream_tasks(tasks, name: str) -> None:
+    """Raise a ValueError naming the `tasks` that a ShapesStream cannot draw (`name`: what they were given as)."""
+    if not set(tasks) <= set(STREAM_TASKS):
+        raise ValueError(f"{name} {', '.join(sorted(set(tasks) - set(STREAM_TASKS)))} are neither "
+                         f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
+
+
 def centre_samples(seed: int, count: int, **options) -> list[dict]:
     """`count` centre questions (`centre_questions`, task "centre"), from the scenes drawn from `seed` on
     (seeds step by a large prime): as many as each has shapes clear of the image's centre, so a
@@ -209,16 +216,21 @@ def has_where(structured: tuple[str, ...]) -> bool:
 
 
 def dense_batch(processor, seeds: list[int], split: str = "train", structured: tuple[str, ...] = (), motion: bool = False):
-    """Images of fresh scenes (tasks and curriculum levels mixed) -> pixel_values, grid_thw and
-    (N_tokens, columns) labels (`label_names`: kind, colour, centre; with `motion`, the direction;
-    with `structured`, those heads' labels), token-aligned with the tower's
-    merged output. With `motion`, every len(TASKS)-th sample is a clip: the clips' patches, grids
-    and labels follow the images' (a clip's tokens run over its temporal slices; its structured
-    labels are -100, ignored: they describe still scenes)."""
+    """Images of fresh scenes (tasks and curriculum levels mixed) -> `dense_labels` of them. With
+    `motion`, every len(TASKS)-th sample is a clip."""
     tasks = TASKS if motion else IMAGE_TASKS
     # consecutive seeds cycle through the tasks, and through the levels every len(tasks) seeds
     samples = [make_sample(seed, task=tasks[seed % len(tasks)], split=split,
                            difficulty=seed // len(tasks) % len(CURRICULUM)) for seed in seeds]
+    return dense_labels(processor, samples, structured, motion)
+
+
+def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (), motion: bool = False):
+    """ShapesWorld samples -> pixel_values, grid_thw and (N_tokens, columns) labels (`label_names`:
+    kind, colour, centre; with `motion`, the direction; with `structured`, those heads' labels),
+    token-aligned with the tower's merged output. The clips' patches, grids and labels follow the
+    images' (a clip's tokens run over its temporal slices; its structured labels are -100, ignored:
+    they describe still scenes)."""
     images, clips = [s for s in samples if s["video"] is None], [s for s in samples if s["video"] is not None]
     image_processor = processor.image_processor
     cell = image_processor.patch_size * image_processor.merge_size  # px each merged token sees
@@ -480,10 +492,8 @@ class ShapesStream(IterableDataset):
             raise ValueError(f"centre_mixed is {centre_mixed} samples, not between 0 and the {centre_samples} centre samples")
         self.centre_alone = centre_samples - centre_mixed
         self.mixed_tasks = tuple(t for opening in self.opening_tasks for t in (CENTRE, opening) if opening != CENTRE)
-        for name, chosen in (("", tasks), ("opening ", self.opening_tasks if opening_samples else ())):
-            if not set(chosen) <= set(STREAM_TASKS):
-                raise ValueError(f"{name}tasks {', '.join(sorted(set(chosen) - set(STREAM_TASKS)))} are neither "
-                                 f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
+        check_stream_tasks(tasks, "tasks")
+        check_stream_tasks(self.opening_tasks if opening_samples else (), "opening tasks")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
         self.position_group, self.centre_group = position_group, centre_group
 
@@ -761,9 +771,11 @@ def main() -> None:
     polish_tasks = tuple(args.polish_tasks.split(","))
     if args.init_from and not args.polish_steps:
         parser.error("--init-from skips stages 1 and 2: give --polish-steps too, or there is nothing to train")
-    if not set(polish_tasks) <= set(STREAM_TASKS):
-        parser.error(f"--polish-tasks {', '.join(sorted(set(polish_tasks) - set(STREAM_TASKS)))} are neither "
-                     f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
+    try:  # before stage 1, not an hour later when the streams are built
+        for flag in ("--tasks", "--opening-tasks", "--polish-tasks"):
+            check_stream_tasks(getattr(args, flag[2:].replace("-", "_")).split(","), flag)
+    except ValueError as error:
+        parser.error(str(error))
     structured = structured_heads(args.structured_heads)
     if args.centre_mixed and args.centre_mixed_steps:
         parser.error("--centre-mixed mixes all the centre steps; give it or --centre-mixed-steps, not both")

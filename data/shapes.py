@@ -152,9 +152,10 @@ def render_background(spec: dict, width: int, height: int) -> np.ndarray:
 # -------------------------------------------------------------------------------------- drawing
 
 
-def draw_shape(draw: ImageDraw.ImageDraw, kind: str, colour: str, box: Sequence[int]) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, kind: str, colour: str | Sequence[int], box: Sequence[int]) -> None:
+    """Fill `kind` in `box` with a named colour (COLOURS) or an (r, g, b) triple."""
     x1, y1, x2, y2 = box
-    fill = COLOURS[colour]
+    fill = COLOURS[colour] if isinstance(colour, str) else tuple(int(v) for v in colour)
     if kind == "circle":
         draw.ellipse([x1, y1, x2 - 1, y2 - 1], fill=fill)
         return
@@ -164,7 +165,9 @@ def draw_shape(draw: ImageDraw.ImageDraw, kind: str, colour: str, box: Sequence[
 
 def render_scene(scene: dict, frame: int | None = None, background: Image.Image | None = None) -> Image.Image:
     """Draw a scene (or frame `frame` of a video scene: the moving shape at its box in that frame);
-    `background`, if given, is the already rendered background to draw on (it is copied)."""
+    `background`, if given, is the already rendered background to draw on (it is copied). A shape
+    with an "rgb" entry is drawn in that (r, g, b) instead of its colour name (training-only
+    augmentation: its "colour" still names a palette colour, which its labels must then ignore)."""
     width, height = scene["width"], scene["height"]
     if background is None:
         image = Image.fromarray(render_background(scene["background"], width, height), "RGB")
@@ -176,7 +179,7 @@ def render_scene(scene: dict, frame: int | None = None, background: Image.Image 
         box = shape["box"]
         if motion is not None and frame is not None and index == motion["target"]:
             box = motion["boxes"][frame]
-        draw_shape(draw, shape["kind"], shape["colour"], box)
+        draw_shape(draw, shape["kind"], shape.get("rgb", shape["colour"]), box)
     return image
 
 

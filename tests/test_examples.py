@@ -514,6 +514,67 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
         train_shapes.structured_heads("count,places")
 
 
+def test_off_palette_fills_keep_clear_of_every_palette_hue():
+    import colorsys
+
+    import numpy as np
+
+    train_shapes = load_example("train_shapes")
+    rng = np.random.default_rng(0)
+    fills = [train_shapes.off_palette_rgb(rng) for _ in range(2000)]
+    greys = [f for f in fills if f[0] == f[1] == f[2]]
+    assert 450 <= len(greys) <= 550 and min(g[0] for g in greys) >= 90 and max(g[0] for g in greys) <= 160
+
+    def hue(rgb):  # degrees
+        return colorsys.rgb_to_hsv(*(v / 255 for v in rgb))[0] * 360
+
+    palette_hues = [hue(rgb) for name, rgb in COLOURS.items() if name != "black"]
+    gaps = [min(abs(hue(f) - p) % 360, 360 - abs(hue(f) - p) % 360) for f in fills if f not in greys for p in palette_hues]
+    assert min(gaps) > 20  # no red, orange, yellow, green, blue or purple shade: no held-out pair in any shade
+    # dark enough to show on the light backgrounds (200-255 per channel)
+    assert max(sum(f) / 3 for f in fills) < 170 and max(max(f) for f in fills) <= 204
+
+
+def test_stage_1_recoloured_shapes_keep_their_kind_and_lose_their_colour_label(tiny_tokenizer):
+    import numpy as np
+    from vlmkit.data.shapes import cell_owners
+
+    train_shapes = load_example("train_shapes")
+    _, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    seeds = [3, 4, 5, 6, 7, 8]
+    samples = train_shapes.dense_samples(seeds)
+    rng = np.random.default_rng(seeds)
+    mixed = [train_shapes.recoloured(s, 0.5, rng) for s in samples]
+    off = [{i for i, shape in enumerate(m["scene"]["shapes"]) if "rgb" in shape} for m in mixed]
+    assert sum(map(len, off)) == 4 and sum(len(s["scene"]["shapes"]) for s in samples) == 10  # about half
+    assert train_shapes.recoloured(samples[0], 0.0, np.random.default_rng(0)) is samples[0]
+    everything = train_shapes.recoloured(samples[0], 1.0, np.random.default_rng(0))
+    assert all("rgb" in shape for shape in everything["scene"]["shapes"])
+    structured = ("colour_count", "place")
+    _, _, plain = train_shapes.dense_labels(processor, samples, structured)
+    _, _, labels = train_shapes.dense_labels(processor, mixed, structured)
+    owners = torch.cat([torch.from_numpy(cell_owners(s["scene"]).flatten()) for s in samples])
+    image = torch.cat([torch.full((cell_owners(s["scene"]).size,), i) for i, s in enumerate(samples)])
+    hidden = torch.tensor([o.item() in off[i.item()] for o, i in zip(owners, image)])
+    shown = torch.tensor([bool(off[i.item()]) for i in image])  # cells of an image with a recoloured shape
+    assert hidden.sum().item() == 8 and shown.sum().item() == 52
+    # kind, centre and place as before; colour ignored (-100) on the recoloured shapes' cells only, and the
+    # colour counts on every cell of their images
+    assert torch.equal(labels[:, [0, 2, 4, 5]], plain[:, [0, 2, 4, 5]])
+    assert torch.equal(labels[:, 1], torch.where(hidden, -100, plain[:, 1]))
+    assert torch.equal(labels[:, 3], torch.where(shown, -100, plain[:, 3]))
+    # dense_batch draws the same fills from its seeds
+    pixels, _, batch = train_shapes.dense_batch(processor, seeds, structured=structured, recolour=0.5)
+    assert torch.equal(batch, labels)
+    assert torch.equal(pixels, train_shapes.dense_labels(processor, mixed, structured)[0])
+    # the held-out pairs' scenes: validation scenes, each shape in its kind's held-out colour (diamonds keep theirs)
+    heldout = train_shapes.heldout_pair_samples(seeds)
+    validation = train_shapes.dense_samples(seeds, split="validation")
+    pairs = [(s["colour"], s["kind"]) for sample in heldout for s in sample["scene"]["shapes"]]
+    assert all(p in HELDOUT_COMBOS or p[1] == "diamond" for p in pairs) and len(pairs) == 11
+    assert [[s["box"] for s in h["scene"]["shapes"]] for h in heldout] == [[s["box"] for s in v["scene"]["shapes"]] for v in validation]
+
+
 def test_where_head_is_scored_as_a_normalised_squared_error_on_image_tokens(tiny_tokenizer):
     train_shapes = load_example("train_shapes")
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
@@ -604,17 +665,17 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     real_batch, calls = train_shapes.dense_batch, []
 
-    def recording_batch(processor, seeds, split="train", structured=(), motion=False):
-        calls.append((split, len(seeds), motion))
-        return real_batch(processor, seeds, split=split, structured=structured, motion=motion)
+    def recording_batch(processor, seeds, split="train", structured=(), motion=False, recolour=0.0):
+        calls.append((split, len(seeds), motion, recolour))
+        return real_batch(processor, seeds, split=split, structured=structured, motion=motion, recolour=recolour)
 
     monkeypatch.setattr(train_shapes, "dense_batch", recording_batch)
     curve, heads = train_shapes.pretrain_vision(model, processor, steps=3, batch_size=7, lr=1e-3, seed=0, eval_every=3,
-                                                motion_steps=1)
+                                                motion_steps=1, recolour=0.25)
     # the validation set (96 validation scenes, clips among them) is built once, then 2 steps of stills, 1 with clips
-    assert calls == [("validation", 96, True), ("train", 7, False), ("train", 7, False), ("train", 7, True)]
+    assert calls == [("validation", 96, True, 0.0), ("train", 7, False, 0.25), ("train", 7, False, 0.25), ("train", 7, True, 0.25)]
     assert heads.motion and [row["step"] for row in curve] == [3]
-    assert {"motion", "still"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
+    assert {"motion", "still", "kind_heldout_pairs", "colour_heldout_pairs"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -254,6 +254,16 @@ def test_box_helpers_and_grading():
     assert sw.grade("colour", " Red. ", "red") and not sw.grade("count", "4", "3")
     sample = sw.make_sample(5, "caption")
     assert sw.render_scene(json.loads(json.dumps(sample["scene"]))).tobytes() == sample["image"].tobytes()
+    # an "rgb" entry overrides the colour name's fill (stage 1's off-palette shapes), the rest as before
+    scene = json.loads(json.dumps(sample["scene"]))
+    scene["shapes"][0]["rgb"] = [0, 128, 128]
+    x1, y1, x2, y2 = scene["shapes"][0]["box"]
+    pixels, before = np.asarray(sw.render_scene(scene)), np.asarray(sample["image"])
+    assert pixels[(y1 + y2) // 2, (x1 + x2) // 2].tolist() == [0, 128, 128]
+    assert before[(y1 + y2) // 2, (x1 + x2) // 2].tolist() == list(sw.COLOURS[scene["shapes"][0]["colour"]])
+    changed = np.argwhere((pixels != before).any(-1))  # (n, 2) rows and columns
+    assert len(changed) > 0 and changed[:, 0].min() >= y1 and changed[:, 0].max() < y2
+    assert changed[:, 1].min() >= x1 and changed[:, 1].max() < x2
 
 
 def test_cell_labels_follow_the_largest_overlap():

@@ -9,7 +9,8 @@ the vision tower and merger alone on dense labels read off the scene description
 the kind and colour of the shape it shows, scored against the language model's embeddings of those
 names, or background; whether a shape's centre is in it; with --structured-heads place, the shape's
 offset from the image's centre; in the last --motion-steps, clips too, and which way the token's
-shape moves); (4) stage 2: train the language model
+shape moves; --recolour-share 0.5: half the shapes drawn in off-palette fills, labelled with their
+kind only, so kinds are learned apart from colours); (4) stage 2: train the language model
 and the DeepStack mergers with Trainer, the tower frozen (--vision-lr-scale 0), on fresh samples
 drawn on the fly (a sample is a seed, so data never repeats and costs about 1 ms). It opens with
 --opening-steps of colour, existence and count on full scenes, existence as minimal pairs
@@ -788,7 +789,7 @@ def main() -> None:
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
                              "token which way its shape moves, scored against the direction words (0: stills only)")
     parser.add_argument("--vision-batch-size", type=int, default=32, help="stage 1 images per step")
-    parser.add_argument("--recolour-share", type=float, default=0.0,
+    parser.add_argument("--recolour-share", type=float, default=0.5,
                         help="stage 1 draws this share of the shapes in fills outside the palette (greys, limes, "
                              "teals, magentas), labelled with their kind only, so kinds are learned apart from colours")
     parser.add_argument("--text-steps", type=int, default=0,
@@ -847,6 +848,8 @@ def main() -> None:
     except ValueError as error:
         parser.error(str(error))
     structured = structured_heads(args.structured_heads)
+    if not 0 <= args.recolour_share <= 1:
+        parser.error(f"--recolour-share is {args.recolour_share}, not a share between 0 and 1")
     if args.centre_mixed and args.centre_mixed_steps:
         parser.error("--centre-mixed mixes all the centre steps; give it or --centre-mixed-steps, not both")
     if not 0 <= args.centre_mixed_steps <= args.centre_steps:

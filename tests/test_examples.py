@@ -682,7 +682,8 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     (["--centre-steps", "10", "--centre-mixed-steps", "20"], "--centre-mixed-steps is 20, not between 0 and --centre-steps (10)"),
     (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both"),
     (["--init-from", "some/run", "--polish-steps", "0"], "--init-from skips stages 1 and 2: give --polish-steps too"),
-    (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks")])
+    (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
+    (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
     result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)

@@ -131,18 +131,18 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.0, not --vision-steps 10 --motion-steps 5 "
-            "at vocab 640 --structured-heads place --recolour-share 0.0") in mismatch.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 640 --structured-heads place --recolour-share 0.5") in mismatch.stderr
     structured, _ = train("--structured-heads", "where,count")  # the cached tower was taught the place head, not these
     assert structured.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.0, not --vision-steps 10 --motion-steps 5 "
-            "at vocab 512 --structured-heads total,colour_count,kind_count,where --recolour-share 0.0") in structured.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 512 --structured-heads total,colour_count,kind_count,where --recolour-share 0.5") in structured.stderr
     stills, _ = train("--motion-steps", "0")  # the cached tower was shown clips
     assert stills.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.0, not --vision-steps 10 --motion-steps 0 "
-            "at vocab 512 --structured-heads place --recolour-share 0.0") in stills.stderr
-    recoloured, _ = train("--recolour-share", "0.5")  # the cached tower saw the palette's colours only
-    assert recoloured.returncode != 0
-    assert ("recolour share 0.0, not --vision-steps 10 --motion-steps 5 at vocab 512 --structured-heads place "
-            "--recolour-share 0.5") in recoloured.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 0 "
+            "at vocab 512 --structured-heads place --recolour-share 0.5") in stills.stderr
+    palette, _ = train("--recolour-share", "0")  # the cached tower also saw off-palette shapes
+    assert palette.returncode != 0
+    assert ("recolour share 0.5, not --vision-steps 10 --motion-steps 5 at vocab 512 --structured-heads place "
+            "--recolour-share 0.0") in palette.stderr
 

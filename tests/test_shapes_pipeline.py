@@ -65,7 +65,9 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["motion_steps"] == 5  # the default 1,000, cut to half of the smoke run's stage 1
     # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
     after = log["vision_after_stage_2"]
-    assert set(after) == {"kind", "colour", "background", "centre", "place", "motion", "still"} and all(0.0 <= v <= 1.0 for v in after.values())
+    assert set(after) == {"kind", "colour", "background", "centre", "place", "motion", "still", "kind_heldout_pairs",
+                          "colour_heldout_pairs"} and all(0.0 <= v <= 1.0 for v in after.values())
+    assert log["recolour_share"] == 0.5 and {"kind_heldout_pairs", "colour_heldout_pairs"} <= set(probe)
     assert log["existence_group"] == 4
     # every image sample a conversation: its question, then 2 more about the same image, each answer weighing the
     # same; one token per word and per role name, digits split

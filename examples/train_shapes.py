@@ -33,6 +33,7 @@ loss (`per_sample_loss`), so that captions do not drown the one-word answers.
 
 import argparse
 import colorsys
+import copy
 import itertools
 import json
 import math
@@ -655,6 +656,12 @@ class CurveLogger(TrainerCallback):
                         make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
         self.blank_samples = [blank_like(s) for s in self.samples]
 
+    def restarted(self) -> "CurveLogger":
+        """A logger with a curve and a clock of its own over the same validation questions (the polish's)."""
+        fresh = copy.copy(self)
+        fresh.curve, fresh.evals, fresh.start = [], [], time.time()
+        return fresh
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.curve.append({"step": state.global_step, "loss": round(logs["loss"], 4),
@@ -928,7 +935,7 @@ def main() -> None:
                                centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size)
         train_language_model(model, collator, stage_2, args, args.text_steps + args.centre_steps + args.opening_steps + args.steps,
                              args.lr, args.warmup, args.lr_schedule, curve)
-    polish = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
+    polish = curve.restarted()
     if args.polish_steps:
         # seeds of their own (seed + 1): none of stage 2's scenes again; the opening's phase of a stream
         # is the tasks in turn on full scenes, which is what the polish is

@@ -514,6 +514,18 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
         train_shapes.structured_heads("count,places")
 
 
+def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():
+    train_shapes = load_example("train_shapes")
+    stage_2 = train_shapes.CurveLogger(None, ("colour", "centre"), eval_every=5, per_task=2)
+    assert [s["task"] for s in stage_2.samples] == ["colour", "colour", "centre", "centre"]
+    stage_2.evals.append({"step": 5})
+    polish = stage_2.restarted()
+    assert polish.samples is stage_2.samples and polish.blank_samples is stage_2.blank_samples
+    assert polish.eval_every == 5 and polish.evals == [] and polish.curve == [] and polish.start >= stage_2.start
+    polish.evals.append({"step": 1})
+    assert stage_2.evals == [{"step": 5}]
+
+
 def test_off_palette_fills_keep_clear_of_every_palette_hue():
     import colorsys
 

@@ -52,7 +52,8 @@ from vlmkit.data import (
     centre_questions, existence_questions, make_sample, position_questions, scene_questions,
 )
 from vlmkit.data.shapes import (
-    BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, cell_attributes, cell_labels, cell_owners, render_scene, video_cell_labels,
+    BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, cell_attributes, cell_labels, cell_owners, content_hash, render_scene,
+    video_cell_labels,
 )
 from vlmkit.data.shapesworld import TEMPLATES
 from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
@@ -262,10 +263,7 @@ def recoloured(sample: dict, share: float, rng: np.random.Generator) -> dict:
     """A still `sample` with each shape, with probability `share`, drawn in an off-palette fill (its
     "rgb"; `dense_labels` then ignores its colour), and the image redrawn."""
     shapes = [dict(s, rgb=off_palette_rgb(rng)) if rng.random() < share else s for s in sample["scene"]["shapes"]]
-    if not any("rgb" in s for s in shapes):
-        return sample
-    scene = dict(sample["scene"], shapes=shapes)
-    return dict(sample, scene=scene, image=render_scene(scene))
+    return redrawn(sample, shapes) if any("rgb" in s for s in shapes) else sample
 
 
 def heldout_pair_samples(seeds: list[int]) -> list[dict]:
@@ -273,12 +271,15 @@ def heldout_pair_samples(seeds: list[int]) -> list[dict]:
     colour (HELDOUT_COMBOS: all but diamond) redrawn in that colour: the colour-kind pairs no training
     image shows, in scenes that are not test images."""
     heldout_colour = {kind: colour for colour, kind in HELDOUT_COMBOS}
-    samples = []
-    for sample in dense_samples(seeds, split="validation"):
-        shapes = [dict(s, colour=heldout_colour.get(s["kind"], s["colour"])) for s in sample["scene"]["shapes"]]
-        scene = dict(sample["scene"], shapes=shapes)
-        samples.append(dict(sample, scene=scene, image=render_scene(scene)))
-    return samples
+    return [redrawn(sample, [dict(s, colour=heldout_colour.get(s["kind"], s["colour"])) for s in sample["scene"]["shapes"]])
+            for sample in dense_samples(seeds, split="validation")]
+
+
+def redrawn(sample: dict, shapes: list[dict]) -> dict:
+    """A still `sample` whose scene holds `shapes` instead, its image (and the image's hash) drawn anew."""
+    scene = dict(sample["scene"], shapes=shapes)
+    image = render_scene(scene)
+    return dict(sample, scene=scene, image=image, hash=content_hash(image))
 
 
 def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (), motion: bool = False):

@@ -560,6 +560,8 @@ def test_stage_1_recoloured_shapes_keep_their_kind_and_lose_their_colour_label(t
     off = [{i for i, shape in enumerate(m["scene"]["shapes"]) if "rgb" in shape} for m in mixed]
     assert sum(map(len, off)) == 4 and sum(len(s["scene"]["shapes"]) for s in samples) == 10  # about half
     assert train_shapes.recoloured(samples[0], 0.0, np.random.default_rng(0)) is samples[0]
+    from vlmkit.data.shapes import content_hash
+    assert all(m["hash"] == content_hash(m["image"]) != s["hash"] for m, s, o in zip(mixed, samples, off) if o)
     everything = train_shapes.recoloured(samples[0], 1.0, np.random.default_rng(0))
     assert all("rgb" in shape for shape in everything["scene"]["shapes"])
     structured = ("colour_count", "place")

@@ -89,6 +89,17 @@ def existence_case(sample: dict) -> str:
             (False, False): "neither"}[colour, kind]
 
 
+def accuracy_by(hits: list[bool], keys: list, order) -> tuple[dict[str, float], dict[str, int]]:
+    """Accuracy and question count of each group of `hits` (grouped by `keys`), keyed by str(key), in
+    `order`; groups without a question are left out."""
+    groups = defaultdict(list)
+    for hit, key in zip(hits, keys):
+        groups[key].append(hit)
+    present = [key for key in order if groups[key]]
+    return ({str(k): round(sum(groups[k]) / len(groups[k]), 4) for k in present},
+            {str(k): len(groups[k]) for k in present})
+
+
 def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 0, progress: bool = True,
              novelty_reference: int = 20000) -> dict:
     """Accuracy per task (grounding: mean IoU and accuracy at IoU >= 0.5), on seen and held-out
@@ -122,17 +133,11 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
         entry["accuracy"] = round(sum(hits) / len(hits), 4)
         # by the number of shapes in the scene: a model that sees colours but not kinds answers a
         # colour question about 1 shape right and one about 2 shapes at chance between their colours
-        by_shapes = defaultdict(list)
-        for hit, (s, _, _) in zip(hits, rows):
-            by_shapes[len(s["scene"]["shapes"])].append(hit)
-        entry["accuracy_by_shapes"] = {str(n): round(sum(g) / len(g), 4) for n, g in sorted(by_shapes.items())}
-        entry["n_by_shapes"] = {str(n): len(g) for n, g in sorted(by_shapes.items())}
+        shape_counts = [len(s["scene"]["shapes"]) for s, _, _ in rows]
+        entry["accuracy_by_shapes"], entry["n_by_shapes"] = accuracy_by(hits, shape_counts, sorted(set(shape_counts)))
         if task == "existence":
-            by_case = defaultdict(list)
-            for hit, (s, _, _) in zip(hits, rows):
-                by_case[existence_case(s)].append(hit)
-            entry["accuracy_by_case"] = {c: round(sum(by_case[c]) / len(by_case[c]), 4) for c in EXISTENCE_CASES if by_case[c]}
-            entry["n_by_case"] = {c: len(by_case[c]) for c in EXISTENCE_CASES if by_case[c]}
+            cases = [existence_case(s) for s, _, _ in rows]
+            entry["accuracy_by_case"], entry["n_by_case"] = accuracy_by(hits, cases, EXISTENCE_CASES)
         entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)
         if task == "grounding":
             ious = [iou(parse_box(p), parse_box(s["answer"])) for s, p, _ in rows]

@@ -654,7 +654,8 @@ class CurveLogger(TrainerCallback):
         self.curve, self.evals, self.start = [], [], time.time()
         self.collator, self.eval_every = collator, eval_every
         self.samples = [centre_samples(i, 1, split="validation")[0] if task == CENTRE else
-                        make_sample(i, task=task, split="validation") for task in tasks for i in range(per_task)]
+                        make_sample(i, task=task, split="validation")
+                        for task in dict.fromkeys(tasks) for i in range(per_task)]  # a task listed twice: once
         self.blank_samples = [blank_like(s) for s in self.samples]
 
     def restarted(self) -> "CurveLogger":
@@ -775,7 +776,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join((*TASKS, CENTRE)),
-                        help="comma-separated ShapesWorld tasks to train on, and centre questions (a precursor of position)")
+                        help="comma-separated ShapesWorld tasks to train on, and centre questions (a precursor of position), "
+                             "in turn: a task listed twice gets twice the slots")
     parser.add_argument("--vision-lr-scale", type=float, default=0.0,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "
                              "(0: frozen, so the VLM's gradients do not wash out the kinds stage 1 taught)")

@@ -526,6 +526,16 @@ def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():
     assert stage_2.evals == [{"step": 5}]
 
 
+def test_a_task_listed_twice_gets_twice_the_slots_and_is_validated_once():
+    train_shapes = load_example("train_shapes")
+    tasks = ("colour", "count", "colour")
+    rows = _stream_rows(train_shapes.ShapesStream(total_samples=300, seed=0, smoke=False, tasks=tasks), 300)
+    count = sum(r["answer"].isdigit() for r in rows)  # colour answers are words
+    assert count == 100 and len(rows) == 300
+    logger = train_shapes.CurveLogger(None, tasks, eval_every=5, per_task=2)
+    assert [s["task"] for s in logger.samples] == ["colour", "colour", "count", "count"]
+
+
 def test_off_palette_fills_keep_clear_of_every_palette_hue():
     import colorsys
 

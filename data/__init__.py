@@ -8,6 +8,7 @@ from . import shapes, shapesworld
 from .shapesworld import (
     ANSWER_SETS,
     BACKGROUNDS,
+    CAPTION_FIELDS,
     COLOURS,
     CURRICULUM,
     DESCRIBABLE_TASKS,
@@ -18,8 +19,10 @@ from .shapesworld import (
     as_described_messages,
     as_messages,
     blank_like,
+    box_errors,
     box_to_relative,
     build_dataset,
+    caption_field_hits,
     caption_of,
     centre_questions,
     content_hash,
@@ -31,6 +34,7 @@ from .shapesworld import (
     majority_answers,
     make_sample,
     parse_box,
+    parse_caption,
     position_questions,
     relative_box,
     relative_to_box,
@@ -41,8 +45,10 @@ from .shapesworld import (
 )
 
 __all__ = [
-    "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DESCRIBABLE_TASKS", "HELDOUT_COMBOS", "KINDS", "SEEN_COMBOS", "TASKS",
-    "as_described_messages", "as_messages", "blank_like", "box_to_relative", "build_dataset", "caption_of", "centre_questions", "content_hash",
-    "existence_questions", "generate_split", "grade", "iou", "iter_samples", "majority_answers", "make_sample", "parse_box", "position_questions",
+    "ANSWER_SETS", "BACKGROUNDS", "CAPTION_FIELDS", "COLOURS", "CURRICULUM", "DESCRIBABLE_TASKS", "HELDOUT_COMBOS", "KINDS", "SEEN_COMBOS", "TASKS",
+    "as_described_messages", "as_messages", "blank_like", "box_errors", "box_to_relative", "build_dataset",
+    "caption_field_hits", "caption_of", "centre_questions", "content_hash",
+    "existence_questions", "generate_split", "grade", "iou", "iter_samples", "majority_answers", "make_sample", "parse_box", "parse_caption",
+    "position_questions",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "scene_questions", "shapes", "shapesworld",
 ]

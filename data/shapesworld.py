@@ -44,6 +44,7 @@ or validation images or questions; the test split's held-out part (`heldout=True
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -210,6 +211,52 @@ def caption_of(scene: dict) -> str:
     parts = [f"a {s['size']} {s['colour']} {s['kind']}" for s in shapes]
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return f"{listed} on a {BACKGROUND_WORDS[scene['background']['type']]} background."
+
+
+_CAPTION = re.compile(r"(?P<shapes>.+) on an? (?P<background>\S+) background\.?")
+_CAPTION_SHAPE = re.compile(r"an? (?P<size>\S+) (?P<colour>\S+) (?P<kind>\S+)")
+
+
+def parse_caption(text: str) -> tuple[list[tuple[str, str, str] | None], str] | None:
+    """A caption in `caption_of`'s form read back: its shapes as (size, colour, kind) from left to
+    right (None for a part that is not "a <size> <colour> <kind>") and its background word; None when
+    the text is not "... on a <word> background."."""
+    match = _CAPTION.fullmatch(normalise_answer(text) + ".")
+    if match is None:
+        return None
+    parts = re.split(r", | and ", match["shapes"])
+    shapes = [(m["size"], m["colour"], m["kind"]) if (m := _CAPTION_SHAPE.fullmatch(p)) else None for p in parts]
+    return shapes, match["background"]
+
+
+CAPTION_FIELDS = ("background", "shape_count", "size", "colour", "kind")
+
+
+def caption_field_hits(prediction: str, answer: str) -> dict[str, list[bool]]:
+    """Which of a caption's parts a predicted caption gets right, field by field: its background and
+    its number of shapes (one each), and the size, colour and kind of every true shape, compared with
+    the predicted shape at the same place in the left-to-right list (a missing one is wrong). A
+    prediction not in caption form gets every field wrong."""
+    true_shapes, true_background = parse_caption(answer)
+    parsed = parse_caption(prediction)
+    shapes, background = parsed if parsed else ([], None)
+    hits = {"background": [background == true_background], "shape_count": [len(shapes) == len(true_shapes)]}
+    for field, i in (("size", 0), ("colour", 1), ("kind", 2)):
+        hits[field] = [j < len(shapes) and shapes[j] is not None and shapes[j][i] == true[i]
+                       for j, true in enumerate(true_shapes)]
+    return hits
+
+
+def box_errors(prediction: str, answer: str) -> tuple[float, float] | None:
+    """How a predicted box misses the true one, in the 0..1000 frame: the distance between their
+    centres and the ratio of their sides' geometric means (sqrt of the areas' ratio; 1 is the right
+    size). None when the prediction holds no box or an empty one."""
+    box, truth = parse_box(prediction), parse_box(answer)
+    if box is None or box[2] <= box[0] or box[3] <= box[1]:
+        return None
+    centre = np.hypot((box[0] + box[2] - truth[0] - truth[2]) / 2, (box[1] + box[3] - truth[1] - truth[3]) / 2)
+    scale = np.sqrt((box[2] - box[0]) * (box[3] - box[1]) / ((truth[2] - truth[0]) * (truth[3] - truth[1])))
+    return float(centre), float(scale)
 
 
 def _count(ctx: _Context):
@@ -885,7 +932,7 @@ __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
     "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_described_messages",
     "as_messages", "blank_like", "existence_questions", "scene_questions",
-    "box_to_relative", "build_dataset", "caption_of", "content_hash", "format_box", "generate_split", "grade",
-    "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "relation",
+    "CAPTION_FIELDS", "box_errors", "box_to_relative", "build_dataset", "caption_field_hits", "caption_of", "content_hash", "format_box", "generate_split", "grade",
+    "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "parse_caption", "relation",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed",
 ]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from vlmkit.cli import EXISTENCE_CASES, existence_case
-from vlmkit.data import make_sample
+from vlmkit.cli import EXISTENCE_CASES, existence_case, format_report
+from vlmkit.data import CAPTION_FIELDS, make_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
@@ -31,6 +31,20 @@ def test_existence_cases_say_what_the_scene_holds_of_the_named_shape():
 
 
 @pytest.mark.slow
+def test_eval_report_says_how_boxes_and_captions_miss():
+    entry = {"n": 2, "accuracy": 0.0, "majority_rate": 0.5, "blank_accuracy": 0.0,
+             "accuracy_by_shapes": {"1": 0.0}, "n_by_shapes": {"1": 2}}
+    report = {"split": "test", "num_samples": 4, "seconds": 1.0, "tasks": {
+        "grounding": {**entry, "mean_iou": 0.25, "blank_mean_iou": 0.0, "boxes_parsed": 1.0,
+                      "median_centre_error": 143.4, "median_size_ratio": 1.15},
+        "caption": {**entry, "caption_in_training_set": 0.5, "caption_novelty": 0.5,
+                    "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15)))}}}
+    text = format_report(report)
+    assert "mean IoU 0.250 (blank 0.000); box centres off by 143 / 1000, sides x1.15 (medians)" in text
+    assert ("50% of captions occur in training; fields right: background 24%, shape count 65%, size 53%, "
+            "colour 36%, kind 15%") in text
+
+
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
     train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
@@ -92,6 +106,8 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
         weighted = sum(entry["accuracy_by_shapes"][n] * entry["n_by_shapes"][n] for n in entry["n_by_shapes"])
         assert abs(weighted / entry["n"] - entry["accuracy"]) <= 1e-3
     assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
+    assert 0.0 <= report["tasks"]["grounding"]["boxes_parsed"] <= 1.0
+    assert list(report["tasks"]["caption"]["field_accuracy"]) == list(CAPTION_FIELDS)
     existence = report["tasks"]["existence"]
     assert sum(existence["n_by_case"].values()) == existence["n"] and set(existence["n_by_case"]) <= set(EXISTENCE_CASES)
 

@@ -507,3 +507,27 @@ def test_messages_with_followups_are_one_conversation():
         sw.as_described_messages(sample, followups=sw.scene_questions(sample, 7, 1, tasks=("grounding",)))
     with pytest.raises(ValueError, match="follow-up questions need the first answer"):
         sw.as_messages(sample, include_answer=False, followups=followups)
+
+
+def test_captions_and_boxes_read_back_field_by_field():
+    truth = "a small red circle, a large blue star and a small green square on a striped background."
+    assert sw.parse_caption(truth) == ([("small", "red", "circle"), ("large", "blue", "star"),
+                                        ("small", "green", "square")], "striped")
+    assert sw.parse_caption(" A large orange hexagon on an Plain background ") == ([("large", "orange", "hexagon")], "plain")
+    assert sw.parse_caption("above") is None
+    assert sw.parse_caption("a red circle and a large blue star on a plain background.")[0] == [None, ("large", "blue", "star")]
+    # two shapes of three said, the second in the wrong colour, the background wrong
+    hits = sw.caption_field_hits("a small red circle and a large red star on a plain background.", truth)
+    assert hits == {"background": [False], "shape_count": [False], "size": [True, True, False],
+                    "colour": [True, False, False], "kind": [True, True, False]}
+    assert all(not any(h) for h in sw.caption_field_hits("left", truth).values())
+    # every caption the generator writes reads back as its scene, left to right
+    for seed in range(40):
+        sample = sw.make_sample(seed, "caption")
+        shapes = sorted(sample["scene"]["shapes"], key=lambda s: (s["centre"][0], s["centre"][1]))
+        assert sw.parse_caption(sample["answer"]) == ([(s["size"], s["colour"], s["kind"]) for s in shapes],
+                                                      sample["scene"]["background"]["type"])
+        assert all(all(h) for h in sw.caption_field_hits(sample["answer"], sample["answer"]).values())
+    assert sw.box_errors("[100, 100, 300, 300]", "[130, 140, 330, 340]") == (50.0, 1.0)
+    assert sw.box_errors("[0, 0, 400, 100]", "[0, 0, 100, 100]") == (150.0, 2.0)
+    assert sw.box_errors("no box", "[0, 0, 1, 1]") is None and sw.box_errors("[5, 5, 5, 9]", "[0, 0, 1, 1]") is None

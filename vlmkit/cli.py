@@ -9,6 +9,7 @@
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -104,7 +105,10 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
              novelty_reference: int = 20000) -> dict:
     """Accuracy per task (grounding: mean IoU and accuracy at IoU >= 0.5), on seen and held-out
     combinations; the same questions on a blank image; the majority-answer rate; caption novelty."""
-    from vlmkit.data import TASKS, blank_like, caption_of, grade, iou, majority_answers, make_sample, parse_box
+    from vlmkit.data import (
+        CAPTION_FIELDS, TASKS, blank_like, box_errors, caption_field_hits, caption_of, grade, iou, majority_answers,
+        make_sample, parse_box,
+    )
 
     heldout_num = num // 3 if split == "test" else 0
     samples = [make_sample(seed * 1_000_003 + i, task=TASKS[i % len(TASKS)], split=split)
@@ -144,12 +148,25 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
             entry["mean_iou"] = round(sum(ious) / len(ious), 4)
             entry["blank_mean_iou"] = round(
                 sum(iou(parse_box(b), parse_box(s["answer"])) for s, _, b in rows) / len(rows), 4)
+            # how the boxes miss: placed wrong (centre distance, 0..1000 frame) or sized wrong (1: right)
+            errors = [e for s, p, _ in rows if (e := box_errors(p, s["answer"])) is not None]
+            entry["boxes_parsed"] = round(len(errors) / len(rows), 4)
+            if errors:
+                entry["median_centre_error"] = round(statistics.median(c for c, _ in errors), 1)
+                entry["median_size_ratio"] = round(statistics.median(r for _, r in errors), 3)
         if task == "caption":
             training = {caption_of(make_sample(i, task="caption", split="train")["scene"])
                         for i in range(novelty_reference)}
             generated = [p for _, p, _ in rows]
             entry["caption_in_training_set"] = round(sum(p in training for p in generated) / len(generated), 4)
             entry["caption_novelty"] = round(1 - entry["caption_in_training_set"], 4)
+            # where the captions go wrong: the share right of each field (every true shape's size,
+            # colour and kind against the predicted shape at its place in the list)
+            fields = defaultdict(list)
+            for s, p, _ in rows:
+                for field, field_hits in caption_field_hits(p, s["answer"]).items():
+                    fields[field] += field_hits
+            entry["field_accuracy"] = {f: round(sum(fields[f]) / len(fields[f]), 4) for f in CAPTION_FIELDS}
         report["tasks"][task] = entry
     return report
 
@@ -161,8 +178,12 @@ def format_report(report: dict) -> str:
         notes = []
         if "mean_iou" in e:
             notes.append(f"mean IoU {e['mean_iou']:.3f} (blank {e['blank_mean_iou']:.3f})")
+        if "median_centre_error" in e:
+            notes.append(f"box centres off by {e['median_centre_error']:.0f} / 1000, sides x{e['median_size_ratio']:.2f} (medians)")
         if "caption_novelty" in e:
             notes.append(f"{e['caption_in_training_set']:.0%} of captions occur in training")
+        if "field_accuracy" in e:
+            notes.append("fields right: " + ", ".join(f"{f.replace('_', ' ')} {v:.0%}" for f, v in e["field_accuracy"].items()))
         cell = lambda k: f"{e[k]:.1%}" if k in e else "-"  # noqa: E731
         lines.append(f"| {task} | {cell('accuracy')} | {cell('accuracy_seen')} | {cell('accuracy_heldout')} | "
                      f"{cell('blank_accuracy')} | {e['majority_rate']:.1%} | {'; '.join(notes)} |")

@@ -784,6 +784,43 @@ def centre_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
+# Two more precursors, of captions: the background and a shape's size are in every caption and in no
+# other task's answer, so nothing else teaches the language model to read them off the image.
+ATTRIBUTE_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "background": ("What is the background like?", "Which background does the image have?",
+                   "Describe the background in one word.", "Is the background plain, striped, checkered or speckled?"),
+    "size": ("Is the {obj} small or large?", "What size is the {obj}?", "How big is the {obj}: small or large?",
+             "Is the {obj} large or small?"),
+}
+
+
+def background_questions(sample: dict, seed: int, count: int = 1) -> list[dict]:
+    """One question about a still sample's background ("What is the background like?"; answers
+    plain / striped / checkered / speckled, the caption's word), as a list for symmetry with the other
+    precursors (`count` 0 gives none). Deterministic in (sample, seed)."""
+    if count < 1:
+        return []
+    template = int(np.random.default_rng([int(seed), 0xBAC6]).integers(len(ATTRIBUTE_TEMPLATES["background"])))
+    return [dict(sample, task="background", template=template, question=ATTRIBUTE_TEMPLATES["background"][template],
+                 answer=BACKGROUND_WORDS[sample["scene"]["background"]["type"]], query={})]
+
+
+def size_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """Up to `count` questions about the sizes of one still sample's shapes ("Is the red star small or
+    large?"; answers small / large, the caption's words), each shape once, of those a question can
+    name alone (`_nameable_shapes`). Deterministic in (sample, seed, count)."""
+    rng = np.random.default_rng([int(seed), int(count), 0x512E])
+    shapes = _nameable_shapes(sample)
+    questions = []
+    for i in rng.permutation(len(shapes))[:count]:
+        shape = shapes[i]
+        template = int(rng.integers(len(ATTRIBUTE_TEMPLATES["size"])))
+        questions.append(dict(sample, task="size", template=template, answer=shape["size"],
+                              question=ATTRIBUTE_TEMPLATES["size"][template].format(obj=_name((shape["colour"], shape["kind"]))),
+                              query={"colour": shape["colour"], "kind": shape["kind"]}))
+    return questions
+
+
 def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = TASKS) -> list[dict]:
     """Up to `count` more questions about one image sample's scene, as samples sharing its image (task,
     question, answer, query and template replaced), for a conversation that asks them one after
@@ -932,7 +969,7 @@ __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
     "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_described_messages",
     "as_messages", "blank_like", "existence_questions", "scene_questions",
-    "CAPTION_FIELDS", "box_errors", "box_to_relative", "build_dataset", "caption_field_hits", "caption_of", "content_hash", "format_box", "generate_split", "grade",
+    "ATTRIBUTE_TEMPLATES", "CAPTION_FIELDS", "background_questions", "box_errors", "box_to_relative", "build_dataset", "caption_field_hits", "caption_of", "content_hash", "format_box", "generate_split", "grade",
     "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "parse_caption", "relation",
-    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed",
+    "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "size_questions",
 ]

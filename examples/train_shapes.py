@@ -49,7 +49,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    centre_questions, existence_questions, make_sample, position_questions, scene_questions,
+    background_questions, centre_questions, existence_questions, make_sample, position_questions, scene_questions,
+    size_questions,
 )
 from vlmkit.data.shapes import (
     BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, cell_attributes, cell_labels, cell_owners, content_hash, render_scene,
@@ -61,11 +62,14 @@ from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, p
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
 CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
-# --tasks and --opening-tasks also take "centre": not an evaluation task but a precursor of position,
-# one shape's place relative to the image's centre (`vlmkit.data.centre_questions`); at every level
-CENTRE = "centre"
-STREAM_TASKS = (*TASKS, CENTRE)
-LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE), STREAM_TASKS, STREAM_TASKS)
+# --tasks, --opening-tasks and --polish-tasks also take precursors, not evaluation tasks: "centre", of
+# position, one shape's place relative to the image's centre (`vlmkit.data.centre_questions`); and
+# "background" and "size", of captions, which say both and no other task asks about them
+# (`vlmkit.data.background_questions`, `size_questions`)
+CENTRE, BACKGROUND, SIZE = "centre", "background", "size"
+PRECURSORS = (CENTRE, BACKGROUND, SIZE)
+STREAM_TASKS = (*TASKS, *PRECURSORS)
+LEVEL_TASKS = (("count", "colour", "existence", "motion", *PRECURSORS), STREAM_TASKS, STREAM_TASKS)
 # What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
 OPENING_TASKS = ("colour", "existence", "count")
 # What --polish-steps train after it, in turn: existence (minimal pairs, binding colour to kind) and
@@ -79,22 +83,30 @@ def check_stream_tasks(tasks, name: str) -> None:
     """Raise a ValueError naming the `tasks` that a ShapesStream cannot draw (`name`: what they were given as)."""
     if not set(tasks) <= set(STREAM_TASKS):
         raise ValueError(f"{name} {', '.join(sorted(set(tasks) - set(STREAM_TASKS)))} are neither "
-                         f"ShapesWorld tasks ({', '.join(TASKS)}) nor {CENTRE}")
+                         f"ShapesWorld tasks ({', '.join(TASKS)}) nor precursors ({', '.join(PRECURSORS)})")
 
 
-def centre_samples(seed: int, count: int, **options) -> list[dict]:
-    """`count` centre questions (`centre_questions`, task "centre"), from the scenes drawn from `seed` on
-    (seeds step by a large prime): as many as each has shapes clear of the image's centre, so a
+PRECURSOR_QUESTIONS = {CENTRE: centre_questions, BACKGROUND: background_questions, SIZE: size_questions}
+
+
+def precursor_samples(task: str, seed: int, count: int, **options) -> list[dict]:
+    """`count` questions of a precursor task (`PRECURSOR_QUESTIONS`, their task set to it), from the
+    still scenes drawn from `seed` on (seeds step by a large prime): as many as each scene offers (a
+    background question one, centre questions one per shape clear of the image's centre), so a
     group of them keeps its share of the batch on scenes of one or two shapes too. `options` go to
     make_sample. Deterministic in the seed."""
     questions = []
     for attempt in range(100 * count):
         sample = make_sample(seed + 7_919_113 * attempt, task="colour", **options)
-        questions += [dict(q, task=CENTRE) for q in centre_questions(sample, seed + attempt, count - len(questions))]
+        questions += [dict(q, task=task) for q in PRECURSOR_QUESTIONS[task](sample, seed + attempt, count - len(questions))]
         if len(questions) == count:
             return questions
-    raise RuntimeError(f"the scenes from seed {seed} had fewer than {count} shapes clear of the image's centre "
-                       f"in {100 * count} draws")
+    raise RuntimeError(f"the scenes from seed {seed} offered fewer than {count} {task} questions in {100 * count} draws")
+
+
+def centre_samples(seed: int, count: int, **options) -> list[dict]:
+    """`count` centre questions (`precursor_samples`)."""
+    return precursor_samples(CENTRE, seed, count, **options)
 
 
 def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[str]:
@@ -620,8 +632,8 @@ class ShapesStream(IterableDataset):
                 if not in_centre and index >= self.text_samples + self.opening_samples:  # the curriculum
                     as_text = bool(self.text_every) and task in DESCRIBABLE_TASKS and (slot // group) % self.text_every == 0
                 items = draw(seed, group, sample_options)
-            elif task == CENTRE:  # the others' single questions are the plain samples
-                items = draw(seed, 1, sample_options)
+            elif task in PRECURSORS:  # the tasks' single questions are the plain samples
+                items = precursor_samples(task, seed, 1, **sample_options)
             else:
                 items = [make_sample(seed, task=task, **sample_options)]
             for item in items:
@@ -653,7 +665,7 @@ class CurveLogger(TrainerCallback):
     def __init__(self, collator, tasks: tuple[str, ...], eval_every: int, per_task: int = 16):
         self.curve, self.evals, self.start = [], [], time.time()
         self.collator, self.eval_every = collator, eval_every
-        self.samples = [centre_samples(i, 1, split="validation")[0] if task == CENTRE else
+        self.samples = [precursor_samples(task, i, 1, split="validation")[0] if task in PRECURSORS else
                         make_sample(i, task=task, split="validation")
                         for task in dict.fromkeys(tasks) for i in range(per_task)]  # a task listed twice: once
         self.blank_samples = [blank_like(s) for s in self.samples]
@@ -776,7 +788,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join((*TASKS, CENTRE)),
-                        help="comma-separated ShapesWorld tasks to train on, and centre questions (a precursor of position), "
+                        help="comma-separated ShapesWorld tasks to train on, and precursors (PRECURSORS: centre, of position; "
+                             "background and size, of captions), "
                              "in turn: a task listed twice gets twice the slots")
     parser.add_argument("--vision-lr-scale", type=float, default=0.0,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "

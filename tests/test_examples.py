@@ -183,7 +183,7 @@ def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
         assert answer in expected, (i, answer)
     # full scenes: counts of three and more, where the curriculum's first level has at most two shapes
     assert max(map(int, answers[2::3])) >= 3
-    with pytest.raises(ValueError, match="opening tasks spelling are neither ShapesWorld tasks .* nor centre"):
+    with pytest.raises(ValueError, match="opening tasks spelling are neither ShapesWorld tasks .* nor precursors \(centre, background, size\)"):
         train_shapes.ShapesStream(**kwargs, opening_samples=8, opening_tasks=("colour", "spelling"))
 
 
@@ -524,6 +524,24 @@ def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():
     assert polish.eval_every == 5 and polish.evals == [] and polish.curve == [] and polish.start >= stage_2.start
     polish.evals.append({"step": 1})
     assert stage_2.evals == [{"step": 5}]
+
+
+def test_train_shapes_stream_asks_the_caption_precursors_background_and_size():
+    train_shapes = load_example("train_shapes")
+    rows = list(itertools.islice(iter(train_shapes.ShapesStream(
+        total_samples=100_000, seed=0, smoke=False, tasks=("colour", "background", "size"), existence_group=1)), 300))
+    answers = [r["messages"][1]["content"][0]["text"] for r in rows]
+    assert all(a in COLOURS for a in answers[0::3])
+    # level 0 draws plain backgrounds only: its background question is the easy one
+    assert set(answers[1::3]) == {"plain"} and set(answers[2::3]) == {"small", "large"}
+    assert all(r["messages"][0]["content"][0]["type"] == "image" for r in rows)
+    late = [r for i, r in enumerate(itertools.islice(iter(train_shapes.ShapesStream(
+        total_samples=900, seed=0, smoke=False, tasks=("colour", "background", "size"))), 900)) if i % 3 == 1][-50:]
+    assert {r["messages"][1]["content"][0]["text"] for r in late} == {"plain", "striped", "checkered", "speckled"}
+    # the validation probe asks them too, each shape named in full
+    logger = train_shapes.CurveLogger(None, ("background", "size"), eval_every=5, per_task=3)
+    assert [s["task"] for s in logger.samples] == ["background"] * 3 + ["size"] * 3
+    assert all(s["question"].count(s["query"]["kind"]) == 1 for s in logger.samples[3:])
 
 
 def test_a_task_listed_twice_gets_twice_the_slots_and_is_validated_once():

@@ -531,3 +531,19 @@ def test_captions_and_boxes_read_back_field_by_field():
     assert sw.box_errors("[100, 100, 300, 300]", "[130, 140, 330, 340]") == (50.0, 1.0)
     assert sw.box_errors("[0, 0, 400, 100]", "[0, 0, 100, 100]") == (150.0, 2.0)
     assert sw.box_errors("no box", "[0, 0, 1, 1]") is None and sw.box_errors("[5, 5, 5, 9]", "[0, 0, 1, 1]") is None
+
+
+def test_background_and_size_questions_read_what_the_caption_says():
+    sample = sw.make_sample(3, task="colour")
+    (background,) = sw.background_questions(sample, seed=1)
+    assert background["answer"] == sample["scene"]["background"]["type"] and background["task"] == "background"
+    assert background["question"] in sw.ATTRIBUTE_TEMPLATES["background"] and sw.background_questions(sample, 1, 0) == []
+    sizes = sw.size_questions(sample, seed=2, count=9)
+    shapes = {(s["colour"], s["kind"]): s["size"] for s in sample["scene"]["shapes"]}
+    assert len(sizes) == len(shapes) == 4  # each shape once, as many as the scene has
+    for q in sizes:
+        combo = (q["query"]["colour"], q["query"]["kind"])
+        assert q["answer"] == shapes[combo] and f"{combo[0]} {combo[1]}" in q["question"]
+    caption = sw.parse_caption(sw.caption_of(sample["scene"]))
+    assert caption[1] == background["answer"] and sorted(s for s, _, _ in caption[0]) == sorted(q["answer"] for q in sizes)
+    assert sw.size_questions(sample, seed=2, count=2) == sw.size_questions(sample, seed=2, count=2)

@@ -42,8 +42,8 @@ from .shapesworld import (
     render_scene,
     render_video,
     sample_seed,
-    size_questions,
     scene_questions,
+    size_questions,
 )
 
 __all__ = [

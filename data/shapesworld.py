@@ -969,7 +969,8 @@ __all__ = [
     "ANSWER_SETS", "BACKGROUNDS", "COLOURS", "CURRICULUM", "DEFAULTS", "DIRECTIONS", "HELDOUT_COMBOS", "KINDS",
     "RELATIONS", "SEEN_COMBOS", "SIZES", "SPLITS", "TASKS", "TEMPLATES", "as_described_messages",
     "as_messages", "blank_like", "existence_questions", "scene_questions",
-    "ATTRIBUTE_TEMPLATES", "CAPTION_FIELDS", "background_questions", "box_errors", "box_to_relative", "build_dataset", "caption_field_hits", "caption_of", "content_hash", "format_box", "generate_split", "grade",
+    "ATTRIBUTE_TEMPLATES", "CAPTION_FIELDS", "background_questions", "box_errors", "box_to_relative",
+    "build_dataset", "caption_field_hits", "caption_of", "content_hash", "format_box", "generate_split", "grade",
     "iou", "iter_samples", "majority_answers", "make_sample", "normalise_answer", "parse_box", "parse_caption", "relation",
     "relative_box", "relative_to_box", "render_scene", "render_video", "sample_seed", "size_questions",
 ]

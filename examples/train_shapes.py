@@ -69,7 +69,8 @@ CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
 CENTRE, BACKGROUND, SIZE = "centre", "background", "size"
 PRECURSORS = (CENTRE, BACKGROUND, SIZE)
 STREAM_TASKS = (*TASKS, *PRECURSORS)
-LEVEL_TASKS = (("count", "colour", "existence", "motion", *PRECURSORS), STREAM_TASKS, STREAM_TASKS)
+# (not background at level 0: its scenes are all plain)
+LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE, SIZE), STREAM_TASKS, STREAM_TASKS)
 # What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
 OPENING_TASKS = ("colour", "existence", "count")
 # What --polish-steps train after it, in turn: existence (minimal pairs, binding colour to kind) and

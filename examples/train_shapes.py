@@ -53,10 +53,10 @@ from vlmkit.data import (
     size_questions,
 )
 from vlmkit.data.shapes import (
-    BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, cell_attributes, cell_labels, cell_owners, content_hash, render_scene,
+    BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, SIZES, cell_attributes, cell_labels, cell_owners, content_hash, render_scene,
     video_cell_labels,
 )
-from vlmkit.data.shapesworld import TEMPLATES
+from vlmkit.data.shapesworld import BACKGROUND_WORDS, TEMPLATES
 from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
 
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
@@ -195,13 +195,17 @@ STILL = len(DIRECTIONS)
 # comparison of two shapes' places needs the place in the token itself); and "place", the cell's
 # offset from the image's centre on shape cells and 0 on background, read as a cosine so that it is a
 # large share of the token (`PlaceHead`). examples/probe_ideal_tower.py --features measures what these
-# buy the language model when they are exact.
+# buy the language model when they are exact. Two more are scored like kind and colour, against the
+# language model's words, so that a caption can copy them: "background_word" (the background's
+# tokens scored against " plain", " striped", ... in place of the kind head's learned background
+# vector) and "size_word" (a shape's tokens against " small" and " large"; no label on background).
 MAX_SHAPES = 5
 STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "kind_count": MAX_SHAPES + 1,
                     "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
 BOX_PLACES, BOX_VALUES = 12, 12
 WHERE_SCALE = 1000  # "where" travels in the int64 label columns as permille of the image's width and height
-STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place")
+WORD_HEADS = ("background_word", "size_word")  # scored by NameHeads against words, not by a linear head
+STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place", *WORD_HEADS)
 STRUCTURED_GROUPS = {"count": ("total", "colour_count", "kind_count"),
                      "layout": ("size", "rank", "background_type", "box_digits", "where", "place"),
                      "all": STRUCTURED_CHOICES}
@@ -222,7 +226,8 @@ def structured_heads(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
 def label_names(structured: tuple[str, ...], motion: bool) -> list[str]:
     """The one-column labels of dense_batch, in order; the 12 box digits, then where's x and y (which
     place is computed from) follow when `structured` has them."""
-    return [*DENSE_HEADS, *(["motion"] if motion else []), *(h for h in STRUCTURED_HEADS if h in structured)]
+    return [*DENSE_HEADS, *(["motion"] if motion else []), *(h for h in STRUCTURED_HEADS if h in structured),
+            *(["size_word"] if "size_word" in structured else [])]
 
 
 def label_width(structured: tuple[str, ...], motion: bool) -> int:
@@ -316,6 +321,8 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
         off_palette = [i for i, s in enumerate(sample["scene"]["shapes"]) if "rgb" in s]  # `recoloured` shapes
         if off_palette:  # their colour names are not what they show
             cells["colour"] = np.where(np.isin(owner, off_palette), -100, cells["colour"])
+        if "background_word" in structured:
+            cells["kind"] = background_word_labels(cells["kind"], sample["scene"])
         columns = [cells[k] for k in DENSE_HEADS]  # each (rows, cols)
         if motion:
             columns.append(np.full_like(cells["kind"], STILL))
@@ -324,6 +331,8 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
             if off_palette:  # counts of a colour name that some shapes do not show
                 attributes["colour_count"] = np.full_like(attributes["colour_count"], -100)
             columns += [attributes[k] for k in STRUCTURED_HEADS if k in structured]
+            if "size_word" in structured:  # small / large on shape cells, nothing to learn on background
+                columns.append(np.where(attributes["size"] < len(SIZES), attributes["size"], -100))
             if "box_digits" in structured:
                 columns += list(np.moveaxis(attributes["box_digits"], -1, 0))
             if has_where(structured):
@@ -337,11 +346,19 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
         temporal = processor.video_processor.temporal_patch_size
         for sample in clips:
             cells = video_cell_labels(sample["scene"], cell=cell, temporal_patch_size=temporal)
+            if "background_word" in structured:
+                cells["kind"] = background_word_labels(cells["kind"], sample["scene"])
             columns = [cells[k] for k in [*DENSE_HEADS, "motion"]]  # each (T, rows, cols)
             columns += [np.full_like(cells["kind"], -100)] * (width - len(columns))
             labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (T*rows*cols, columns)
     # (P, C*T*p*p), (B, 3), (N, columns)
     return torch.cat(pixel_values), torch.cat(grids), torch.cat(labels)
+
+
+def background_word_labels(kinds: np.ndarray, scene: dict) -> np.ndarray:
+    """Kind labels with the background's cells pointing at the background type's word, which
+    NameHeads with "background_word" lists after the kinds: len(KINDS) + its index in BACKGROUNDS."""
+    return np.where(kinds == len(KINDS), len(KINDS) + BACKGROUNDS.index(scene["background"]["type"]), kinds)
 
 
 def name_token_ids(tokenizer, words) -> list[list[int]]:
@@ -363,17 +380,25 @@ class NameHeads(torch.nn.Module):
     def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: tuple[str, ...] = (), motion: bool = False):
         super().__init__()
         self.embed = embed  # the language model's: stage 1 trains the name rows too
-        self.name_ids = {"kind": name_token_ids(tokenizer, KINDS), "colour": name_token_ids(tokenizer, COLOURS)}
+        self.structured_names = structured_heads(tuple(structured))
+        background_words = [BACKGROUND_WORDS[b] for b in BACKGROUNDS] if "background_word" in self.structured_names else []
+        self.name_ids = {"kind": name_token_ids(tokenizer, [*KINDS, *background_words]),
+                         "colour": name_token_ids(tokenizer, COLOURS)}
         if motion:
             self.name_ids["motion"] = name_token_ids(tokenizer, DIRECTIONS)
+        if "size_word" in self.structured_names:
+            self.name_ids["size_word"] = name_token_ids(tokenizer, SIZES)
+        # a learned class after the names, for the cells that show none of them (size has no such cells,
+        # and with background words the background has its own names)
+        unnamed = [n for n in self.name_ids if n != "size_word" and not (n == "kind" and background_words)]
         self.background = torch.nn.ParameterDict({
-            name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in self.name_ids})
+            name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in unnamed})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
         self.centre = torch.nn.Linear(width, DENSE_HEADS["centre"])
         outputs = {**STRUCTURED_HEADS, "box_digits": BOX_PLACES * BOX_VALUES, "where": 2}
         self.structured = torch.nn.ModuleDict({
             name: PlaceHead(width) if name == "place" else torch.nn.Linear(width, outputs[name])
-            for name in structured_heads(tuple(structured))})
+            for name in self.structured_names if name not in WORD_HEADS})
 
     @property
     def motion(self) -> bool:
@@ -383,10 +408,11 @@ class NameHeads(torch.nn.Module):
         directions = torch.nn.functional.normalize(tokens, dim=-1)  # (N, D)
         logits = {}
         for name, word_ids in self.name_ids.items():
-            # (names + 1, D): each name's embedding (averaged over its tokens should the tokenizer split it), then background
-            names = torch.stack([self.embed.weight[ids].mean(0) for ids in word_ids])
-            classes = torch.cat([names, self.background[name][None]])
-            logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, names + 1)
+            # (names [+ 1], D): each name's embedding (averaged over its tokens should the tokenizer split it), then background
+            classes = torch.stack([self.embed.weight[ids].mean(0) for ids in word_ids])
+            if name in self.background:
+                classes = torch.cat([classes, self.background[name][None]])
+            logits[name] = self.temperature * directions @ torch.nn.functional.normalize(classes, dim=-1).T  # (N, classes)
         logits["centre"] = self.centre(tokens)
         for name, head in self.structured.items():
             logits[name] = head(tokens)
@@ -444,7 +470,7 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
         raise ValueError(f"the connector gives {tokens.shape[0]} tokens for {labels.shape[0]} image cells; "
                          "vision pretraining needs a spatial connector (merger or mlp)")
     logits = heads(tokens)
-    structured = tuple(heads.structured)
+    structured = heads.structured_names
     names = label_names(structured, motion)
     column = {name: labels[:, i] for i, name in enumerate(names)}
     # -100 (a clip's structured labels) is cross_entropy's ignore_index
@@ -458,12 +484,15 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     on_shape = column["kind"] < len(KINDS)
     hits = {name: logits[name].argmax(-1) == column[name] for name in names}
     coloured = on_shape & (column["colour"] >= 0)  # not the off-palette shapes of --recolour-share
+    # "background": background cells told from shapes, and with background_word, their type named
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][coloured].float().mean().item(),
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
     for name in (h for h in STRUCTURED_HEADS if h in structured):  # the scene-wide ones over every cell, the rest over shape cells
         labelled = column[name] >= 0
         cells = labelled if name in ("total", "background_type") else labelled & on_shape
         accuracy[name] = hits[name][cells].float().mean().item()
+    if "size_word" in structured:
+        accuracy["size_word"] = hits["size_word"][column["size_word"] >= 0].float().mean().item()
     rest = labels[:, len(names):]  # (N, 12 box digits, then where's x and y, as `structured` has them)
     on_image = rest[:, -1] >= 0 if has_where(structured) else None  # clips' tokens hold -100
     if "box_digits" in structured:
@@ -808,7 +837,8 @@ def main() -> None:
     parser.add_argument("--structured-heads", default="place",
                         help="stage 1 also teaches every token these (comma-separated; STRUCTURED_CHOICES or the groups "
                              "count, layout, all): the scene's counts, its shape's size, left-to-right rank and box "
-                             "digits, the background, where the cell is")
+                             "digits, the background, where the cell is; background_word and size_word score the "
+                             "background type and the shape's size against their words")
     parser.add_argument("--motion-steps", type=int, default=1000,
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
                              "token which way its shape moves, scored against the direction words (0: stills only)")

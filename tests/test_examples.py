@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -475,8 +476,9 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     train_shapes = load_example("train_shapes")
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     seeds = [3, 4, 5]
-    everything = train_shapes.structured_heads("all")
+    everything = train_shapes.structured_heads("count,layout")  # the linear heads; "all" adds the word-scored ones
     assert everything == (*train_shapes.STRUCTURED_HEADS, "box_digits", "where", "place")
+    assert train_shapes.structured_heads("all") == (*everything, "background_word", "size_word")
     plain = train_shapes.dense_batch(processor, seeds)
     pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=everything)
     assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12 + 2
@@ -512,6 +514,57 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     assert torch.equal(train_shapes.dense_batch(processor, seeds, structured=("where", "place"))[2], labels[:, [0, 1, 2, 21, 22]])
     with pytest.raises(ValueError, match=r"unknown structured head\(s\) \['places'\]; choose from count, layout, all, total"):
         train_shapes.structured_heads("count,places")
+
+
+def test_word_heads_score_background_type_and_size_against_their_words(tiny_tokenizer):
+    from vlmkit.data import KINDS
+    from vlmkit.data.shapes import BACKGROUNDS, SIZES, cell_attributes
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    words = ("background_word", "size_word")
+    seeds = [6, 12, 15, 16, 17]  # a clip (seed 6), then stills on every curriculum level
+    samples = train_shapes.dense_samples(seeds, motion=True)
+    samples = samples[1:] + samples[:1]  # dense_labels puts the stills' tokens first, then the clips'
+    types = [s["scene"]["background"]["type"] for s in samples]
+    assert samples[-1]["video"] is not None and len(set(types)) >= 2  # more than one background type shown
+    pixels, grid, plain = train_shapes.dense_batch(processor, seeds, motion=True)
+    _, _, labels = train_shapes.dense_batch(processor, seeds, structured=words, motion=True)
+    assert labels.shape[1] == plain.shape[1] + 1  # size_word's column; background_word relabels kind's
+    cells = [int(g.prod()) // 4 for g in grid]  # tokens of each sample
+    owner = torch.repeat_interleave(torch.arange(len(seeds)), torch.tensor(cells))
+    type_index = torch.tensor([BACKGROUNDS.index(t) for t in types])[owner]
+    background = plain[:, 0] == len(KINDS)
+    assert torch.equal(labels[:, 0], torch.where(background, len(KINDS) + type_index, plain[:, 0]))
+    assert torch.equal(labels[:, 1:4], plain[:, 1:4])
+    # size_word: small 0 / large 1 on the stills' shape cells, -100 on background and on the clip
+    sizes = [cell_attributes(s["scene"])["size"].flatten() for s in samples[:-1]]
+    expected = torch.from_numpy(np.concatenate(sizes))
+    expected = torch.where(expected < len(SIZES), expected, -100)
+    stills = sum(cells[:-1])
+    assert torch.equal(labels[:stills, 4], expected) and (labels[stills:, 4] == -100).all()
+    assert set(labels[:, 4].tolist()) == {-100, 0, 1}
+
+    embed = model.get_input_embeddings()
+    heads = train_shapes.NameHeads(embed, tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=words, motion=True)
+    assert sorted(heads.background) == ["colour", "motion"] and len(heads.structured) == 0
+    tokens = model.model.visual(pixels, grid).pooler_output
+    logits = heads(tokens)
+    assert logits["kind"].shape == (len(tokens), len(KINDS) + len(BACKGROUNDS)) and logits["size_word"].shape == (len(tokens), 2)
+    # the classes are the words' own embeddings: a token equal to " striped"'s row is scored striped
+    striped = embed.weight[train_shapes.name_token_ids(tiny_tokenizer, ["striped"])[0]].mean(0)
+    assert heads(striped[None])["kind"].argmax().item() == len(KINDS) + BACKGROUNDS.index("striped")
+    loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    plain_heads = train_shapes.NameHeads(embed, tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                         structured=("background_word",), motion=True)
+    plain_heads.load_state_dict(heads.state_dict())
+    without = train_shapes.dense_scores(model.model.visual, plain_heads, pixels, grid, labels[:, :4])[0]
+    torch.testing.assert_close(loss - without, torch.nn.functional.cross_entropy(logits["size_word"], labels[:, 4]),
+                               rtol=1e-4, atol=1e-5)
+    hits = logits["kind"].argmax(-1) == labels[:, 0]
+    assert accuracy["background"] == hits[background].float().mean().item()
+    assert accuracy["size_word"] == (logits["size_word"].argmax(-1) == labels[:, 4])[labels[:, 4] >= 0].float().mean().item()
 
 
 def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():

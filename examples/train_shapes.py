@@ -198,13 +198,15 @@ STILL = len(DIRECTIONS)
 # buy the language model when they are exact. Two more are scored like kind and colour, against the
 # language model's words, so that a caption can copy them: "background_word" (the background's
 # tokens scored against " plain", " striped", ... in place of the kind head's learned background
-# vector) and "size_word" (a shape's tokens against " small" and " large"; no label on background).
+# vector; "background_word_colour" the same in place of the colour head's) and "size_word" (a
+# shape's tokens against " small" and " large"; no label on background).
 MAX_SHAPES = 5
 STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "kind_count": MAX_SHAPES + 1,
                     "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
 BOX_PLACES, BOX_VALUES = 12, 12
 WHERE_SCALE = 1000  # "where" travels in the int64 label columns as permille of the image's width and height
-WORD_HEADS = ("background_word", "size_word")  # scored by NameHeads against words, not by a linear head
+BACKGROUND_WORD_HEADS = {"background_word": "kind", "background_word_colour": "colour"}  # -> the head that names it
+WORD_HEADS = (*BACKGROUND_WORD_HEADS, "size_word")  # scored by NameHeads against words, not by a linear head
 STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place", *WORD_HEADS)
 STRUCTURED_GROUPS = {"count": ("total", "colour_count", "kind_count"),
                      "layout": ("size", "rank", "background_type", "box_digits", "where", "place"),
@@ -321,8 +323,7 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
         off_palette = [i for i, s in enumerate(sample["scene"]["shapes"]) if "rgb" in s]  # `recoloured` shapes
         if off_palette:  # their colour names are not what they show
             cells["colour"] = np.where(np.isin(owner, off_palette), -100, cells["colour"])
-        if "background_word" in structured:
-            cells["kind"] = background_word_labels(cells["kind"], sample["scene"])
+        cells = background_word_labels(cells, sample["scene"], structured)
         columns = [cells[k] for k in DENSE_HEADS]  # each (rows, cols)
         if motion:
             columns.append(np.full_like(cells["kind"], STILL))
@@ -346,8 +347,7 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
         temporal = processor.video_processor.temporal_patch_size
         for sample in clips:
             cells = video_cell_labels(sample["scene"], cell=cell, temporal_patch_size=temporal)
-            if "background_word" in structured:
-                cells["kind"] = background_word_labels(cells["kind"], sample["scene"])
+            cells = background_word_labels(cells, sample["scene"], structured)
             columns = [cells[k] for k in [*DENSE_HEADS, "motion"]]  # each (T, rows, cols)
             columns += [np.full_like(cells["kind"], -100)] * (width - len(columns))
             labels.append(torch.from_numpy(np.stack(columns, -1).reshape(-1, width)))  # (T*rows*cols, columns)
@@ -355,10 +355,16 @@ def dense_labels(processor, samples: list[dict], structured: tuple[str, ...] = (
     return torch.cat(pixel_values), torch.cat(grids), torch.cat(labels)
 
 
-def background_word_labels(kinds: np.ndarray, scene: dict) -> np.ndarray:
-    """Kind labels with the background's cells pointing at the background type's word, which
-    NameHeads with "background_word" lists after the kinds: len(KINDS) + its index in BACKGROUNDS."""
-    return np.where(kinds == len(KINDS), len(KINDS) + BACKGROUNDS.index(scene["background"]["type"]), kinds)
+def background_word_labels(cells: dict[str, np.ndarray], scene: dict, structured: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """`cell_labels` with the background's cells of the head that names the background type
+    (BACKGROUND_WORD_HEADS, if `structured` has one) pointing at the type's word, which NameHeads
+    lists after that head's names: len(names) + its index in BACKGROUNDS."""
+    cells = dict(cells)
+    for word_head, head in BACKGROUND_WORD_HEADS.items():
+        if word_head in structured:
+            names = len(KINDS if head == "kind" else COLOURS)
+            cells[head] = np.where(cells[head] == names, names + BACKGROUNDS.index(scene["background"]["type"]), cells[head])
+    return cells
 
 
 def name_token_ids(tokenizer, words) -> list[list[int]]:
@@ -381,16 +387,17 @@ class NameHeads(torch.nn.Module):
         super().__init__()
         self.embed = embed  # the language model's: stage 1 trains the name rows too
         self.structured_names = structured_heads(tuple(structured))
-        background_words = [BACKGROUND_WORDS[b] for b in BACKGROUNDS] if "background_word" in self.structured_names else []
-        self.name_ids = {"kind": name_token_ids(tokenizer, [*KINDS, *background_words]),
-                         "colour": name_token_ids(tokenizer, COLOURS)}
+        self.background_named_by = [head for word_head, head in BACKGROUND_WORD_HEADS.items() if word_head in self.structured_names]
+        background_words = [BACKGROUND_WORDS[b] for b in BACKGROUNDS]
+        self.name_ids = {head: name_token_ids(tokenizer, [*names, *(background_words if head in self.background_named_by else [])])
+                         for head, names in (("kind", KINDS), ("colour", COLOURS))}
         if motion:
             self.name_ids["motion"] = name_token_ids(tokenizer, DIRECTIONS)
         if "size_word" in self.structured_names:
             self.name_ids["size_word"] = name_token_ids(tokenizer, SIZES)
         # a learned class after the names, for the cells that show none of them (size has no such cells,
         # and with background words the background has its own names)
-        unnamed = [n for n in self.name_ids if n != "size_word" and not (n == "kind" and background_words)]
+        unnamed = [n for n in self.name_ids if n != "size_word" and n not in self.background_named_by]
         self.background = torch.nn.ParameterDict({
             name: torch.nn.Parameter(torch.randn(width) * embed.weight.std().item()) for name in unnamed})
         self.temperature = torch.nn.Parameter(torch.tensor(10.0))
@@ -484,13 +491,15 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     on_shape = column["kind"] < len(KINDS)
     hits = {name: logits[name].argmax(-1) == column[name] for name in names}
     coloured = on_shape & (column["colour"] >= 0)  # not the off-palette shapes of --recolour-share
-    # "background": background cells told from shapes, and with background_word, their type named
+    # "background": background cells told from shapes (with background_word, their type named)
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][coloured].float().mean().item(),
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
     for name in (h for h in STRUCTURED_HEADS if h in structured):  # the scene-wide ones over every cell, the rest over shape cells
         labelled = column[name] >= 0
         cells = labelled if name in ("total", "background_type") else labelled & on_shape
         accuracy[name] = hits[name][cells].float().mean().item()
+    for head in heads.background_named_by:
+        accuracy["background_word"] = hits[head][~on_shape].float().mean().item()
     if "size_word" in structured:
         accuracy["size_word"] = hits["size_word"][column["size_word"] >= 0].float().mean().item()
     rest = labels[:, len(names):]  # (N, 12 box digits, then where's x and y, as `structured` has them)
@@ -837,7 +846,8 @@ def main() -> None:
     parser.add_argument("--structured-heads", default="place",
                         help="stage 1 also teaches every token these (comma-separated; STRUCTURED_CHOICES or the groups "
                              "count, layout, all): the scene's counts, its shape's size, left-to-right rank and box "
-                             "digits, the background, where the cell is; background_word and size_word score the "
+                             "digits, the background, where the cell is; background_word (by the kind head), "
+                             "background_word_colour (by the colour head) and size_word score the "
                              "background type and the shape's size against their words")
     parser.add_argument("--motion-steps", type=int, default=1000,
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "

@@ -478,7 +478,7 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     seeds = [3, 4, 5]
     everything = train_shapes.structured_heads("count,layout")  # the linear heads; "all" adds the word-scored ones
     assert everything == (*train_shapes.STRUCTURED_HEADS, "box_digits", "where", "place")
-    assert train_shapes.structured_heads("all") == (*everything, "background_word", "size_word")
+    assert train_shapes.structured_heads("all") == (*everything, "background_word", "background_word_colour", "size_word")
     plain = train_shapes.dense_batch(processor, seeds)
     pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=everything)
     assert torch.equal(pixels, plain[0]) and torch.equal(labels[:, :3], plain[2]) and labels.shape[1] == 3 + 6 + 12 + 2
@@ -563,8 +563,34 @@ def test_word_heads_score_background_type_and_size_against_their_words(tiny_toke
     torch.testing.assert_close(loss - without, torch.nn.functional.cross_entropy(logits["size_word"], labels[:, 4]),
                                rtol=1e-4, atol=1e-5)
     hits = logits["kind"].argmax(-1) == labels[:, 0]
-    assert accuracy["background"] == hits[background].float().mean().item()
+    assert accuracy["background"] == accuracy["background_word"] == hits[background].float().mean().item()
     assert accuracy["size_word"] == (logits["size_word"].argmax(-1) == labels[:, 4])[labels[:, 4] >= 0].float().mean().item()
+
+
+def test_background_word_colour_names_the_background_by_the_colour_head(tiny_tokenizer):
+    from vlmkit.data import COLOURS, KINDS
+    from vlmkit.data.shapes import BACKGROUNDS
+
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    seeds = [12, 15, 16, 17]
+    types = [s["scene"]["background"]["type"] for s in train_shapes.dense_samples(seeds)]
+    pixels, grid, plain = train_shapes.dense_batch(processor, seeds)
+    _, _, labels = train_shapes.dense_batch(processor, seeds, structured=("background_word_colour",))
+    owner = torch.repeat_interleave(torch.arange(len(seeds)), grid.prod(-1) // 4)
+    type_index = torch.tensor([BACKGROUNDS.index(t) for t in types])[owner]
+    background = plain[:, 0] == len(KINDS)
+    assert (plain[background, 1] == len(COLOURS)).all()
+    # the kind head keeps its learned background class; the colour head's background cells name their type
+    assert torch.equal(labels[:, 0], plain[:, 0]) and torch.equal(labels[:, 2], plain[:, 2])
+    assert torch.equal(labels[:, 1], torch.where(background, len(COLOURS) + type_index, plain[:, 1]))
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
+                                   structured=("background_word_colour",))
+    assert sorted(heads.background) == ["kind"] and heads.background_named_by == ["colour"]
+    _, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    logits = heads(model.model.visual(pixels, grid).pooler_output)
+    assert logits["colour"].shape[1] == len(COLOURS) + len(BACKGROUNDS)
+    assert accuracy["background_word"] == (logits["colour"].argmax(-1) == labels[:, 1])[background].float().mean().item()
 
 
 def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():

@@ -752,7 +752,8 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     seeds = [5, 6, 7]  # seed 6 is TASKS[6], motion: a clip
     assert TASKS[6] == "motion"
-    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=train_shapes.STRUCTURED_CHOICES, motion=True)
+    linear_heads = train_shapes.structured_heads("count,layout")  # the word heads relabel kind and colour
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=linear_heads, motion=True)
     samples = [make_sample(seed, task=TASKS[seed % 7], difficulty=seed // 7 % 3) for seed in seeds]
     clip = samples[1]
     frames = clip["scene"]["motion"]["num_frames"]
@@ -773,7 +774,7 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     only_clip = train_shapes.dense_batch(processor, [6], motion=True)
     assert torch.equal(only_clip[1], grid[-1:]) and torch.equal(only_clip[2], labels[image_tokens:, :4])
     heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
-                                   structured=train_shapes.STRUCTURED_CHOICES, motion=True)
+                                   structured=linear_heads, motion=True)
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and heads.background["motion"].grad is not None

@@ -205,6 +205,7 @@ STRUCTURED_HEADS = {"total": MAX_SHAPES + 1, "colour_count": MAX_SHAPES + 1, "ki
                     "size": 3, "rank": MAX_SHAPES + 1, "background_type": len(BACKGROUNDS)}
 BOX_PLACES, BOX_VALUES = 12, 12
 WHERE_SCALE = 1000  # "where" travels in the int64 label columns as permille of the image's width and height
+NAMED_CLASSES = {"kind": KINDS, "colour": COLOURS}  # the heads NameHeads scores against these words
 BACKGROUND_WORD_HEADS = {"background_word": "kind", "background_word_colour": "colour"}  # -> the head that names it
 WORD_HEADS = (*BACKGROUND_WORD_HEADS, "size_word")  # scored by NameHeads against words, not by a linear head
 STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place", *WORD_HEADS)
@@ -362,7 +363,7 @@ def background_word_labels(cells: dict[str, np.ndarray], scene: dict, structured
     cells = dict(cells)
     for word_head, head in BACKGROUND_WORD_HEADS.items():
         if word_head in structured:
-            names = len(KINDS if head == "kind" else COLOURS)
+            names = len(NAMED_CLASSES[head])
             cells[head] = np.where(cells[head] == names, names + BACKGROUNDS.index(scene["background"]["type"]), cells[head])
     return cells
 
@@ -390,7 +391,7 @@ class NameHeads(torch.nn.Module):
         self.background_named_by = [head for word_head, head in BACKGROUND_WORD_HEADS.items() if word_head in self.structured_names]
         background_words = [BACKGROUND_WORDS[b] for b in BACKGROUNDS]
         self.name_ids = {head: name_token_ids(tokenizer, [*names, *(background_words if head in self.background_named_by else [])])
-                         for head, names in (("kind", KINDS), ("colour", COLOURS))}
+                         for head, names in NAMED_CLASSES.items()}
         if motion:
             self.name_ids["motion"] = name_token_ids(tokenizer, DIRECTIONS)
         if "size_word" in self.structured_names:

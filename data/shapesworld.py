@@ -784,13 +784,16 @@ def centre_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
-# Two more precursors, of captions: the background and a shape's size are in every caption and in no
-# other task's answer, so nothing else teaches the language model to read them off the image.
+# Three more precursors, of captions: the background and a shape's size are in every caption and in no
+# other task's answer, so nothing else teaches the language model to read them off the image; and a
+# shape's kind is in every caption but other tasks only name it in their questions, never answer it.
 ATTRIBUTE_TEMPLATES: dict[str, tuple[str, ...]] = {
     "background": ("What is the background like?", "Which background does the image have?",
                    "Describe the background in one word.", "Is the background plain, striped, checkered or speckled?"),
     "size": ("Is the {obj} small or large?", "What size is the {obj}?", "How big is the {obj}: small or large?",
              "Is the {obj} large or small?"),
+    "kind": ("What shape is the {colour} one?", "Which shape is {colour}?", "What is the {colour} shape?",
+             "Name the {colour} shape.", "What kind of shape is {colour}?"),
 }
 
 
@@ -818,6 +821,26 @@ def size_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
         questions.append(dict(sample, task="size", template=template, answer=shape["size"],
                               question=ATTRIBUTE_TEMPLATES["size"][template].format(obj=_name((shape["colour"], shape["kind"]))),
                               query={"colour": shape["colour"], "kind": shape["kind"]}))
+    return questions
+
+
+def kind_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """Up to `count` questions that name a shape by its colour and ask for its kind ("What shape is the
+    red one?"; answers the caption's kind words), each shape once, of those whose colour is unique in
+    the scene and whose colour-kind pair is allowed (`_nameable_shapes`): the colour question turned
+    round. Existence teaches the language model to match a kind it is told against the image; a
+    caption needs it to say one, which only captions asked for before, and their kinds stayed at
+    chance. Deterministic in (sample, seed, count)."""
+    rng = np.random.default_rng([int(seed), int(count), 0x1C1D])
+    colours = Counter(s["colour"] for s in sample["scene"]["shapes"])
+    shapes = [s for s in _nameable_shapes(sample) if colours[s["colour"]] == 1]
+    questions = []
+    for i in rng.permutation(len(shapes))[:count]:
+        shape = shapes[i]
+        template = int(rng.integers(len(ATTRIBUTE_TEMPLATES["kind"])))
+        questions.append(dict(sample, task="kind", template=template, answer=shape["kind"],
+                              question=ATTRIBUTE_TEMPLATES["kind"][template].format(colour=shape["colour"]),
+                              query={"colour": shape["colour"]}))
     return questions
 
 

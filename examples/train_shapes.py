@@ -49,8 +49,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    background_questions, centre_questions, existence_questions, make_sample, position_questions, scene_questions,
-    size_questions,
+    background_questions, centre_questions, existence_questions, kind_questions, make_sample, position_questions,
+    scene_questions, size_questions,
 )
 from vlmkit.data.shapes import (
     BACKGROUNDS, DIRECTIONS, HELDOUT_COMBOS, SIZES, cell_attributes, cell_labels, cell_owners, content_hash, render_scene,
@@ -65,12 +65,13 @@ CURRICULUM_SCHEDULE = (0.25, 0.35, 0.40)
 # --tasks, --opening-tasks and --polish-tasks also take precursors, not evaluation tasks: "centre", of
 # position, one shape's place relative to the image's centre (`vlmkit.data.centre_questions`); and
 # "background" and "size", of captions, which say both and no other task asks about them
-# (`vlmkit.data.background_questions`, `size_questions`)
-CENTRE, BACKGROUND, SIZE = "centre", "background", "size"
-PRECURSORS = (CENTRE, BACKGROUND, SIZE)
+# (`vlmkit.data.background_questions`, `size_questions`); and "kind", of captions too, which say a
+# shape's kind where other tasks only name it (`kind_questions`: "What shape is the red one?")
+CENTRE, BACKGROUND, SIZE, KIND = "centre", "background", "size", "kind"
+PRECURSORS = (CENTRE, BACKGROUND, SIZE, KIND)
 STREAM_TASKS = (*TASKS, *PRECURSORS)
 # (not background at level 0: its scenes are all plain)
-LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE, SIZE), STREAM_TASKS, STREAM_TASKS)
+LEVEL_TASKS = (("count", "colour", "existence", "motion", CENTRE, SIZE, KIND), STREAM_TASKS, STREAM_TASKS)
 # What --opening-steps train before the curriculum: the tasks examples/probe_ideal_tower.py trains.
 OPENING_TASKS = ("colour", "existence", "count")
 # What --polish-steps train after it, in turn: existence (minimal pairs, binding colour to kind) and
@@ -87,7 +88,8 @@ def check_stream_tasks(tasks, name: str) -> None:
                          f"ShapesWorld tasks ({', '.join(TASKS)}) nor precursors ({', '.join(PRECURSORS)})")
 
 
-PRECURSOR_QUESTIONS = {CENTRE: centre_questions, BACKGROUND: background_questions, SIZE: size_questions}
+PRECURSOR_QUESTIONS = {CENTRE: centre_questions, BACKGROUND: background_questions, SIZE: size_questions,
+                       KIND: kind_questions}
 
 
 def precursor_samples(task: str, seed: int, count: int, **options) -> list[dict]:
@@ -829,7 +831,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join((*TASKS, CENTRE)),
                         help="comma-separated ShapesWorld tasks to train on, and precursors (PRECURSORS: centre, of position; "
-                             "background and size, of captions), "
+                             "background, size and kind, of captions), "
                              "in turn: a task listed twice gets twice the slots")
     parser.add_argument("--vision-lr-scale", type=float, default=0.0,
                         help="stage 2 learning rate of the vision tower and connector, as a multiple of --lr "

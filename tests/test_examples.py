@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from vlmkit.cli import load
-from vlmkit.data import COLOURS, HELDOUT_COMBOS, SEEN_COMBOS
+from vlmkit.data import COLOURS, HELDOUT_COMBOS, KINDS, SEEN_COMBOS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -289,7 +289,7 @@ def test_probe_text_matching_sorts_truths_and_runs(tmp_path):
 
 def test_ideal_tower_gives_each_cell_its_shapes_name_embeddings(tiny_tokenizer):
     probe = load_example("probe_ideal_tower")
-    from vlmkit.data import KINDS, make_sample
+    from vlmkit.data import make_sample
     from vlmkit.data.shapes import cell_labels
 
     embed = torch.nn.Embedding(len(tiny_tokenizer), 16)
@@ -517,7 +517,6 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
 
 
 def test_word_heads_score_background_type_and_size_against_their_words(tiny_tokenizer):
-    from vlmkit.data import KINDS
     from vlmkit.data.shapes import BACKGROUNDS, SIZES, cell_attributes
 
     train_shapes = load_example("train_shapes")
@@ -620,6 +619,18 @@ def test_train_shapes_stream_asks_the_caption_precursors_background_and_size():
     logger = train_shapes.CurveLogger(None, ("background", "size"), eval_every=5, per_task=3)
     assert [s["task"] for s in logger.samples] == ["background"] * 3 + ["size"] * 3
     assert all(s["question"].count(s["query"]["kind"]) == 1 for s in logger.samples[3:])
+
+
+def test_train_shapes_stream_asks_the_kind_precursor_from_the_first_level():
+    train_shapes = load_example("train_shapes")
+    rows = list(itertools.islice(iter(train_shapes.ShapesStream(
+        total_samples=100_000, seed=0, smoke=False, tasks=("colour", "kind"), existence_group=1)), 200))
+    answers = [r["messages"][1]["content"][0]["text"] for r in rows]
+    assert all(a in COLOURS for a in answers[0::2]) and set(answers[1::2]) == set(KINDS)
+    questions = [r["messages"][0]["content"][1]["text"] for r in rows[1::2]]
+    assert all(any(f" {c} " in f" {q[:-1]} " for c in COLOURS) for q in questions)
+    logger = train_shapes.CurveLogger(None, ("kind",), eval_every=5, per_task=4)
+    assert [s["task"] for s in logger.samples] == ["kind"] * 4 and all(s["answer"] in KINDS for s in logger.samples)
 
 
 def test_a_task_listed_twice_gets_twice_the_slots_and_is_validated_once():

@@ -547,3 +547,22 @@ def test_background_and_size_questions_read_what_the_caption_says():
     caption = sw.parse_caption(sw.caption_of(sample["scene"]))
     assert caption[1] == background["answer"] and sorted(s for s, _, _ in caption[0]) == sorted(q["answer"] for q in sizes)
     assert sw.size_questions(sample, seed=2, count=2) == sw.size_questions(sample, seed=2, count=2)
+
+
+def test_kind_questions_name_a_shape_by_its_unique_colour_and_ask_its_kind():
+    sample = sw.make_sample(3, task="colour")
+    colours = Counter(s["colour"] for s in sample["scene"]["shapes"])
+    named = {s["colour"]: s["kind"] for s in sample["scene"]["shapes"] if colours[s["colour"]] == 1}
+    kinds = sw.kind_questions(sample, seed=2, count=9)
+    assert sorted(q["query"]["colour"] for q in kinds) == sorted(named) and len(kinds) == 2  # 4 shapes, 2 colours unique
+    for q in kinds:
+        assert q["task"] == "kind" and q["answer"] == named[q["query"]["colour"]]
+        assert q["question"] == sw.ATTRIBUTE_TEMPLATES["kind"][q["template"]].format(colour=q["query"]["colour"])
+    assert len(sw.kind_questions(sample, seed=2, count=1)) == 1
+    assert sw.kind_questions(sample, seed=2, count=2) == sw.kind_questions(sample, seed=2, count=2)
+    # a train scene never asks a held-out pair's kind, even when its colour is unique
+    heldout = sw.make_sample(5, task="caption", split="test", heldout=True)
+    pairs = {(q["query"]["colour"], q["answer"]) for i in range(20) for q in sw.kind_questions(dict(heldout, split="train", heldout=False), i)}
+    assert pairs and not pairs & set(sw.HELDOUT_COMBOS)
+    assert {(q["query"]["colour"], q["answer"]) for q in sw.kind_questions(heldout, 0)} & set(sw.HELDOUT_COMBOS) == {
+        ("yellow", "circle")}  # asked in the held-out sample itself

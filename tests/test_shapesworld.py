@@ -562,7 +562,8 @@ def test_kind_questions_name_a_shape_by_its_unique_colour_and_ask_its_kind():
     assert sw.kind_questions(sample, seed=2, count=2) == sw.kind_questions(sample, seed=2, count=2)
     # a train scene never asks a held-out pair's kind, even when its colour is unique
     heldout = sw.make_sample(5, task="caption", split="test", heldout=True)
-    pairs = {(q["query"]["colour"], q["answer"]) for i in range(20) for q in sw.kind_questions(dict(heldout, split="train", heldout=False), i)}
+    as_train = dict(heldout, split="train", heldout=False)
+    pairs = {(q["query"]["colour"], q["answer"]) for i in range(20) for q in sw.kind_questions(as_train, i)}
     assert pairs and not pairs & set(sw.HELDOUT_COMBOS)
     assert {(q["query"]["colour"], q["answer"]) for q in sw.kind_questions(heldout, 0)} & set(sw.HELDOUT_COMBOS) == {
         ("yellow", "circle")}  # asked in the held-out sample itself

@@ -184,7 +184,7 @@ def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
         assert answer in expected, (i, answer)
     # full scenes: counts of three and more, where the curriculum's first level has at most two shapes
     assert max(map(int, answers[2::3])) >= 3
-    with pytest.raises(ValueError, match="opening tasks spelling are neither ShapesWorld tasks .* nor precursors \(centre, background, size\)"):
+    with pytest.raises(ValueError, match="opening tasks spelling are neither ShapesWorld tasks .* nor precursors \(centre, background, size, kind\)"):
         train_shapes.ShapesStream(**kwargs, opening_samples=8, opening_tasks=("colour", "spelling"))
 
 

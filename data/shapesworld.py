@@ -808,20 +808,27 @@ def background_questions(sample: dict, seed: int, count: int = 1) -> list[dict]:
                  answer=BACKGROUND_WORDS[sample["scene"]["background"]["type"]], query={})]
 
 
+def _attribute_questions(sample: dict, task: str, shapes: list[dict], named_by: Sequence[str],
+                         rng: np.random.Generator, count: int) -> list[dict]:
+    """Up to `count` of `shapes` in a random order, each asked for its `task` attribute in a random
+    ATTRIBUTE_TEMPLATES[task] phrasing that names it by its `named_by` attributes (as {obj}, all of
+    them in order, or each by its own name)."""
+    questions = []
+    for i in rng.permutation(len(shapes))[:count]:
+        shape = shapes[i]
+        query = {name: shape[name] for name in named_by}
+        template = int(rng.integers(len(ATTRIBUTE_TEMPLATES[task])))
+        questions.append(dict(sample, task=task, template=template, answer=shape[task], query=query,
+                              question=ATTRIBUTE_TEMPLATES[task][template].format(obj=" ".join(query.values()), **query)))
+    return questions
+
+
 def size_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     """Up to `count` questions about the sizes of one still sample's shapes ("Is the red star small or
     large?"; answers small / large, the caption's words), each shape once, of those a question can
     name alone (`_nameable_shapes`). Deterministic in (sample, seed, count)."""
     rng = np.random.default_rng([int(seed), int(count), 0x512E])
-    shapes = _nameable_shapes(sample)
-    questions = []
-    for i in rng.permutation(len(shapes))[:count]:
-        shape = shapes[i]
-        template = int(rng.integers(len(ATTRIBUTE_TEMPLATES["size"])))
-        questions.append(dict(sample, task="size", template=template, answer=shape["size"],
-                              question=ATTRIBUTE_TEMPLATES["size"][template].format(obj=_name((shape["colour"], shape["kind"]))),
-                              query={"colour": shape["colour"], "kind": shape["kind"]}))
-    return questions
+    return _attribute_questions(sample, "size", _nameable_shapes(sample), ("colour", "kind"), rng, count)
 
 
 def kind_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
@@ -834,14 +841,7 @@ def kind_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     rng = np.random.default_rng([int(seed), int(count), 0x1C1D])
     colours = Counter(s["colour"] for s in sample["scene"]["shapes"])
     shapes = [s for s in _nameable_shapes(sample) if colours[s["colour"]] == 1]
-    questions = []
-    for i in rng.permutation(len(shapes))[:count]:
-        shape = shapes[i]
-        template = int(rng.integers(len(ATTRIBUTE_TEMPLATES["kind"])))
-        questions.append(dict(sample, task="kind", template=template, answer=shape["kind"],
-                              question=ATTRIBUTE_TEMPLATES["kind"][template].format(colour=shape["colour"]),
-                              query={"colour": shape["colour"]}))
-    return questions
+    return _attribute_questions(sample, "kind", shapes, ("colour",), rng, count)
 
 
 def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = TASKS) -> list[dict]:

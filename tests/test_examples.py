@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -602,6 +603,29 @@ def test_polish_curve_logger_asks_stage_2_questions_with_its_own_curve():
     assert polish.eval_every == 5 and polish.evals == [] and polish.curve == [] and polish.start >= stage_2.start
     polish.evals.append({"step": 1})
     assert stage_2.evals == [{"step": 5}]
+
+
+def test_opening_check_stops_the_run_only_below_the_bar_at_the_openings_end(monkeypatch):
+    train_shapes = load_example("train_shapes")
+    asked = []
+
+    def five_of_eight_right(model, collator, samples):
+        asked.extend(samples)
+        return torch.tensor([True] * 5 + [False] * 3)[:len(samples)]
+
+    monkeypatch.setattr(train_shapes, "exact_match", five_of_eight_right)
+    state, control = SimpleNamespace(global_step=5), SimpleNamespace(should_training_stop=False)
+    at_bar = train_shapes.OpeningCheck(None, at_step=6, bar=0.625, per_task=8)
+    assert [s["task"] for s in at_bar.samples] == ["existence"] * 8
+    at_bar.on_step_end(None, state, control, model=None)
+    assert at_bar.score is None and not at_bar.failed and asked == []  # not the opening's end yet
+    state.global_step = 6
+    at_bar.on_step_end(None, state, control, model=None)
+    assert at_bar.score == 0.625 and not at_bar.failed and not control.should_training_stop
+    assert asked == at_bar.samples
+    above = train_shapes.OpeningCheck(None, at_step=6, bar=0.7, per_task=8)
+    above.on_step_end(None, state, control, model=None)
+    assert above.score == 0.625 and above.failed and control.should_training_stop
 
 
 def test_train_shapes_stream_asks_the_caption_precursors_background_and_size():

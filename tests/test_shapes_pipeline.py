@@ -127,6 +127,19 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert (polished / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
 
 
+def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(tmp_path):
+    # no 6-step tiny model answers all 8 existence questions: both openings miss the bar
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out",
+                             str(tmp_path / "run"), "--opening-bar", "1", "--opening-tries", "2", "--seed", "3"],
+                            capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode != 0 and not (tmp_path / "run").exists()
+    checks = [json.loads(line)["opening_check"] for line in result.stdout.splitlines() if line.startswith('{"opening_check"')]
+    assert [(c["step"], c["questions"], c["bar"]) for c in checks] == [(6, 8, 1.0)] * 2  # 4 text + 2 opening steps
+    scores = [f"{c['existence']:.0%} (seed {seed})" for c, seed in zip(checks, (3, 4))]
+    assert (f"stage 2's opening missed existence in all 2 tries: at step 6, {scores[0]}, {scores[1]} of 8 validation "
+            "questions right, below --opening-bar 100%; try another --seed, or more --opening-tries") in result.stderr
+
+
 @pytest.mark.slow
 def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     cache = tmp_path / "stage1.pt"
@@ -149,18 +162,22 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 5 "
-            "at vocab 640 --structured-heads place --recolour-share 0.5") in mismatch.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 640 --structured-heads place --recolour-share 0.5 --seed 0") in mismatch.stderr
     structured, _ = train("--structured-heads", "where,count")  # the cached tower was taught the place head, not these
     assert structured.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 5 "
-            "at vocab 512 --structured-heads total,colour_count,kind_count,where --recolour-share 0.5") in structured.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 5 "
+            "at vocab 512 --structured-heads total,colour_count,kind_count,where --recolour-share 0.5 --seed 0") in structured.stderr
     stills, _ = train("--motion-steps", "0")  # the cached tower was shown clips
     assert stills.returncode != 0
-    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, not --vision-steps 10 --motion-steps 0 "
-            "at vocab 512 --structured-heads place --recolour-share 0.5") in stills.stderr
+    assert ("holds 10 stage-1 steps (5 with clips) at vocab 512 with heads place, recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 0 "
+            "at vocab 512 --structured-heads place --recolour-share 0.5 --seed 0") in stills.stderr
+    seeded, _ = train("--seed", "1")  # the cached tower is seed 0's
+    assert seeded.returncode != 0
+    assert "recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 5 at vocab 512" in seeded.stderr
+    assert seeded.stderr.rstrip().endswith("--recolour-share 0.5 --seed 1")
     palette, _ = train("--recolour-share", "0")  # the cached tower also saw off-palette shapes
     assert palette.returncode != 0
-    assert ("recolour share 0.5, not --vision-steps 10 --motion-steps 5 at vocab 512 --structured-heads place "
-            "--recolour-share 0.0") in palette.stderr
+    assert ("recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 5 at vocab 512 --structured-heads place "
+            "--recolour-share 0.0 --seed 0") in palette.stderr
 

@@ -744,10 +744,10 @@ class OpeningCheck(TrainerCallback):
 
     Why existence, and why there: over one stage 1, whether the opening learns existence depends on
     the draw of its samples, and a curriculum after an opening that missed it never makes it up. Of
-    the full runs in benchmarks/results, those whose opening ended at 81-100% on existence (16
-    validation questions) reached 87-91% on the test split if their centre steps did not wipe it;
-    the two that ended at 56% reached 47% and 76% (shapes_experiments.md, session 34). Stopping costs
-    the opening's ~13 minutes, not the hour after it."""
+    the full runs in benchmarks/results with the shipped order (opening, centre steps, curriculum,
+    polish), the five whose opening ended at 88-100% on existence (16 validation questions) reached
+    87-91% on the test split, the one that ended at 56% 76%. Session 34's run with --opening-bar 0.7:
+    seed 0's opening 55% on 64 questions, so stage 2 restarted; seed 1's 81%, test existence 88%."""
 
     def __init__(self, collator, at_step: int, bar: float, per_task: int = 64):
         self.collator, self.at_step, self.bar = collator, at_step, bar

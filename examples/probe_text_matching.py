@@ -51,8 +51,7 @@ def validation_questions(per_count: int) -> dict[int, list[dict]]:
 def evaluate(model, collator, validation: dict[int, list[dict]]) -> dict[str, float]:
     row = {}
     for count, samples in validation.items():
-        hits = [h for i in range(0, len(samples), 32)
-                for h in train_shapes.exact_match(model, collator, samples[i:i + 32], as_described_messages).tolist()]
+        hits = train_shapes.exact_match_batched(model, collator, samples, as_described_messages).tolist()
         row[f"{count}_shapes"] = round(sum(hits) / len(hits), 3)
         for kind in ("yes", "no_colour_changed", "no_kind_changed", "no_both"):
             chosen = [h for h, s in zip(hits, samples) if truth_kind(s) == kind]

@@ -702,6 +702,13 @@ def exact_match(model, collator, samples: list[dict], to_messages=as_messages) -
     return ((predicted == targets) | (targets == IGNORE_INDEX)).all(dim=1)
 
 
+def exact_match_batched(model, collator, samples: list[dict], to_messages=as_messages, batch_size: int = 32) -> torch.Tensor:
+    """(N,) bool: exact_match over `samples` in batches of `batch_size` (the padded logits of a whole
+    validation set at once would take gigabytes)."""
+    return torch.cat([exact_match(model, collator, samples[i:i + batch_size], to_messages)
+                      for i in range(0, len(samples), batch_size)])
+
+
 class CurveLogger(TrainerCallback):
     """Loss at every log; every `eval_every` steps, exact match per task on fixed validation
     questions (full difficulty) with their image and with a blank one."""
@@ -729,8 +736,7 @@ class CurveLogger(TrainerCallback):
         if self.eval_every and (state.global_step % self.eval_every == 0 or state.global_step == state.max_steps):
             row = {"step": state.global_step, "minutes": round((time.time() - self.start) / 60, 2)}
             for name, samples in (("image", self.samples), ("blank", self.blank_samples)):
-                correct = torch.cat([exact_match(model, self.collator, samples[i:i + 32])
-                                     for i in range(0, len(samples), 32)])
+                correct = exact_match_batched(model, self.collator, samples)
                 for task in dict.fromkeys(s["task"] for s in samples):
                     hits = [c for c, s in zip(correct.tolist(), samples) if s["task"] == task]
                     row[f"{task}/{name}"] = round(sum(hits) / len(hits), 3)
@@ -760,9 +766,7 @@ class OpeningCheck(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step == self.at_step:
-            correct = torch.cat([exact_match(model, self.collator, self.samples[i:i + 32])
-                                 for i in range(0, len(self.samples), 32)])
-            self.score = correct.float().mean().item()
+            self.score = exact_match_batched(model, self.collator, self.samples).float().mean().item()
             print(json.dumps({"opening_check": {"step": self.at_step, "existence": round(self.score, 3),
                                                 "questions": len(self.samples), "bar": self.bar}}), flush=True)
             control.should_training_stop = self.failed
@@ -1047,14 +1051,14 @@ def main() -> None:
                                    centre_samples=args.centre_steps * args.batch_size,
                                    centre_first=args.centre_first,
                                    centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size)
-            check = OpeningCheck(collator, opening_end, args.opening_bar, per_task=8 if args.smoke else 64)
+            check = OpeningCheck(collator, opening_end, args.opening_bar, per_task=8 if args.smoke else 64) if checked else None
             train_language_model(model, collator, stage_2, args, args.text_steps + args.centre_steps + args.opening_steps + args.steps,
                                  args.lr, args.warmup, args.lr_schedule, curve, *([check] if checked else []))
-            if checked:
+            if check is not None:
                 opening_checks.append({"seed": stage_2_seed, "existence": round(check.score, 3),
                                        "minutes": round((time.time() - start) / 60, 1),
                                        **({"evals": curve.evals} if check.failed else {})})  # the last try's are the run's
-            if not check.failed:
+            if check is None or not check.failed:
                 break
         else:
             raise SystemExit(f"stage 2's opening missed existence in all {args.opening_tries} tries: at step {opening_end}, "

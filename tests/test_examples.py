@@ -609,7 +609,7 @@ def test_opening_check_stops_the_run_only_below_the_bar_at_the_openings_end(monk
     train_shapes = load_example("train_shapes")
     asked = []
 
-    def five_of_eight_right(model, collator, samples):
+    def five_of_eight_right(model, collator, samples, to_messages=None):
         asked.extend(samples)
         return torch.tensor([True] * 5 + [False] * 3)[:len(samples)]
 
@@ -626,6 +626,20 @@ def test_opening_check_stops_the_run_only_below_the_bar_at_the_openings_end(monk
     above = train_shapes.OpeningCheck(None, at_step=6, bar=0.7, per_task=8)
     above.on_step_end(None, state, control, model=None)
     assert above.score == 0.625 and above.failed and control.should_training_stop
+
+
+def test_exact_match_batched_scores_every_sample_once_in_batches_of_32(monkeypatch):
+    train_shapes = load_example("train_shapes")
+    batches = []
+
+    def odd_ones_right(model, collator, samples, to_messages):
+        batches.append((samples, to_messages))
+        return torch.tensor([s % 2 == 1 for s in samples])
+
+    monkeypatch.setattr(train_shapes, "exact_match", odd_ones_right)
+    correct = train_shapes.exact_match_batched(None, None, list(range(70)), to_messages="described")
+    assert [len(b) for b, _ in batches] == [32, 32, 6] and {m for _, m in batches} == {"described"}
+    assert correct.tolist() == [i % 2 == 1 for i in range(70)]
 
 
 def test_train_shapes_stream_asks_the_caption_precursors_background_and_size():

@@ -558,7 +558,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
-        if step % max(1, eval_every) == 0 or step == steps:
+        if (eval_every and step % eval_every == 0) or step == steps:  # 0: only the end's row, which the log keeps
             row = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
                    **vision_probe(visual, heads, validation)}
             curve.append(row)
@@ -863,7 +863,8 @@ def main() -> None:
     parser.add_argument("--loss", default="sample", choices=["sample", "answer", "token"],
                         help="weigh samples equally (per_sample_loss), answers (per_answer_loss: each turn of "
                              "a conversation) or tokens (the model's own loss)")
-    parser.add_argument("--eval-every", type=int, default=250, help="steps between validation probes (0: none)")
+    parser.add_argument("--eval-every", type=int, default=250,
+                        help="steps between validation probes (0: none, but stage 1 still probes its last step)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join((*TASKS, CENTRE)),

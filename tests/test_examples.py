@@ -848,6 +848,17 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     assert {"motion", "still", "kind_heldout_pairs", "colour_heldout_pairs"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
 
 
+@pytest.mark.parametrize("eval_every, probed_at", [(0, [3]), (2, [2, 3]), (1, [1, 2, 3])])
+def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, monkeypatch, eval_every, probed_at):
+    # --eval-every 0 once probed stage 1 after every step (max(1, 0)), not "none"
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    monkeypatch.setattr(train_shapes, "vision_validation", lambda *args: None)
+    monkeypatch.setattr(train_shapes, "vision_probe", lambda visual, heads, validation: {"kind": 0.5})
+    curve, _ = train_shapes.pretrain_vision(model, processor, steps=3, batch_size=2, lr=1e-3, seed=0, eval_every=eval_every)
+    assert [row["step"] for row in curve] == probed_at and all(row["kind"] == 0.5 for row in curve)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--centre-steps", "10", "--centre-mixed-steps", "20"], "--centre-mixed-steps is 20, not between 0 and --centre-steps (10)"),
     (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both"),

@@ -849,6 +849,8 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
                       train_dataset=stream, callbacks=list(callbacks))
+    if trainer.compute_loss_func is not None:  # per-micro-batch means: the Trainer divides them (training/losses.py)
+        trainer.loss_is_scaled_for_ga = False
     trainer.train()
 
 

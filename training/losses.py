@@ -7,6 +7,12 @@ the image, `per_sample_loss` gives every sample the same weight instead: the mea
 labelled tokens, then the mean over the samples that have any. In a conversation of several answers
 (a caption among one-word replies), `per_answer_loss` does the same one level down: every assistant
 turn, one contiguous run of labels, weighs the same.
+
+With gradient accumulation, set `trainer.loss_is_scaled_for_ga = False`: transformers takes a
+`compute_loss_func`'s loss as already scaled over the accumulated batch (token losses summed over
+`num_items_in_batch`), but these are per-micro-batch means, so left alone N micro-batches add up to
+N times the batch's loss and gradient. Told so, the Trainer divides each by N, and N micro-batches
+of equal size give exactly one batch's mean (tests/training/test_trainer.py).
 """
 
 import torch
@@ -31,8 +37,9 @@ def per_sample_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> t
 
     `labels` (B, S) are the unshifted labels the collator makes (-100 where nothing is learned);
     position s of the logits predicts labels[:, s + 1]. `num_items_in_batch` (the token count
-    Trainer passes for gradient accumulation) is ignored: with samples weighted equally, every
-    micro-batch's mean is already on the same scale.
+    Trainer passes for gradient accumulation) is ignored: samples, not tokens, are weighted, so
+    each micro-batch gives its own mean, which the Trainer must divide by the accumulation steps
+    (`loss_is_scaled_for_ga = False`, see above).
     """
     token_loss, learned_tokens = _token_losses(outputs, labels)
     counts = learned_tokens.sum(dim=1)

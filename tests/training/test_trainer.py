@@ -16,6 +16,8 @@ from vlmkit.training import (
     connector_module_names,
     lora_target_modules,
     parameter_components,
+    per_answer_loss,
+    per_sample_loss,
     trainable_names,
 )
 
@@ -121,6 +123,38 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_tokenizer, tmp_path):
     for name, delta in step_big.items():
         assert delta.abs().sum() > 0, name
         torch.testing.assert_close(step_accumulated[name], delta, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("loss_func", [per_sample_loss, per_answer_loss])
+def test_sample_weighted_loss_under_accumulation_needs_the_trainer_to_divide(tiny_tokenizer, tmp_path, loss_func):
+    """2 micro-batches of 2 samples give one batch of 4's loss and SGD step once the Trainer divides each
+    micro-batch's mean by the accumulation steps (`loss_is_scaled_for_ga = False`); left to decide
+    (None), transformers treats a `compute_loss_func`'s loss as scaled already and the step doubles."""
+    rows = [{"messages": [turn("user", image(16, 16, i), "what is it"), turn("assistant", answer)]}
+            for i, answer in enumerate(["a", "a red circle and a blue square", "a cat", "two"])]
+
+    def run(batch_size, accumulation, scaled):
+        model, processor = build(tiny_tokenizer)
+        before = snapshot(model)
+        run = trainer(model, processor, rows, tmp_path, per_device_train_batch_size=batch_size,
+                      gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=0.5,
+                      max_grad_norm=0.0)  # clipping would hide a doubled gradient
+        run.compute_loss_func, run.loss_is_scaled_for_ga = loss_func, scaled
+        run.train()
+        after = snapshot(model)
+        return run.state.log_history[0]["loss"], {n: after[n] - before[n] for n in before}
+
+    loss_big, step_big = run(4, 1, None)
+    loss_divided, step_divided = run(2, 2, False)
+    loss_undivided, step_undivided = run(2, 2, None)
+    assert loss_divided == pytest.approx(loss_big, abs=1e-5)
+    assert loss_undivided == pytest.approx(2 * loss_big, abs=1e-4)
+    moved = [n for n, delta in step_big.items() if delta.abs().sum() > 0]
+    assert moved
+    for name in moved:
+        torch.testing.assert_close(step_divided[name], step_big[name], atol=1e-6, rtol=1e-4, msg=name)
+    name = max(moved, key=lambda n: step_big[n].abs().sum())
+    torch.testing.assert_close(step_undivided[name], 2 * step_big[name], atol=1e-6, rtol=1e-4)
 
 
 def test_a_text_only_batch_keeps_every_visual_parameter_in_the_graph(model_and_processor):

@@ -687,6 +687,38 @@ class ShapesStream(IterableDataset):
                 yield {"messages": to_messages(item, followups=followups), "fps": item["fps"]}
 
 
+class LengthSortedSteps(IterableDataset):
+    """`stream`'s samples `batch_size` at a time (one optimizer step's), each step's shortest first, for
+    --micro-batches: a step's micro-batches then each pad to lengths near their own instead of all to
+    the step's longest sample (at the curriculum's last level a batch of 32 is 57% padding: one-word
+    answers beside captions and boxes; benchmarks/results/micro_batch_speed.json). The step trains on the same samples as without it and, with the Trainer
+    dividing each micro-batch's mean (`loss_is_scaled_for_ga`), to the same gradient up to rounding.
+    Lengths are estimated without processing the pixels: the text's tokens plus the visual tokens of
+    the image processor's resize."""
+
+    def __init__(self, stream, batch_size: int, processor):
+        self.stream, self.batch_size, self.processor = stream, batch_size, processor
+
+    def length(self, sample: dict) -> int:
+        images, merge = self.processor.image_processor, self.processor.image_processor.merge_size
+        tokens = 0
+        for message in sample["messages"]:
+            for part in message["content"]:
+                if part["type"] == "text":
+                    tokens += len(self.processor.tokenizer(part["text"])["input_ids"])
+                elif part["type"] in ("image", "video"):
+                    frames = part["video"] if part["type"] == "video" else [part["image"]]
+                    height, width = np.asarray(frames[0]).shape[:2]
+                    steps_in_time = max(1, len(frames) // images.temporal_patch_size)
+                    tokens += images.get_number_of_image_patches(height, width) // merge**2 * steps_in_time
+        return tokens
+
+    def __iter__(self):
+        samples = iter(self.stream)
+        while step := list(itertools.islice(samples, self.batch_size)):
+            yield from sorted(step, key=self.length)
+
+
 def exact_match(model, collator, samples: list[dict], to_messages=as_messages) -> torch.Tensor:
     """(N,) bool: the answer (and its <|im_end|>) is each position's top token under teacher forcing,
     which is what greedy decoding would produce. `to_messages` turns a sample into its chat
@@ -833,9 +865,11 @@ def stage_2_param_groups(model, lr: float, vision_lr_scale: float, deepstack_lr_
 def train_language_model(model, collator, stream, args, steps: int, lr: float, warmup: int, schedule: str,
                          *callbacks) -> None:
     """Stage 2 (and the polish after it): `steps` steps of Trainer over `stream`, the tower's and the
-    mergers' learning rates scaled as `stage_2_param_groups` says, a fresh AdamW."""
+    mergers' learning rates scaled as `stage_2_param_groups` says, a fresh AdamW; each step in
+    `args.micro_batches` length-sorted micro-batches (`LengthSortedSteps`)."""
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=steps, per_device_train_batch_size=args.batch_size,
+        output_dir=tempfile.mkdtemp(prefix="train-shapes-"), max_steps=steps,
+        per_device_train_batch_size=args.batch_size // args.micro_batches, gradient_accumulation_steps=args.micro_batches,
         learning_rate=lr, warmup_steps=warmup, lr_scheduler_type=schedule, weight_decay=0.01,
         logging_steps=max(1, steps // 100), save_strategy="no", report_to=[], use_cpu=True,
         remove_unused_columns=False, dataloader_num_workers=0, seed=args.seed, max_grad_norm=1.0,
@@ -848,7 +882,8 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
                                   lr=lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
                       compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
-                      train_dataset=stream, callbacks=list(callbacks))
+                      train_dataset=LengthSortedSteps(stream, args.batch_size, collator.processor)
+                      if args.micro_batches > 1 else stream, callbacks=list(callbacks))
     if trainer.compute_loss_func is not None:  # per-micro-batch means: the Trainer divides them (training/losses.py)
         trainer.loss_is_scaled_for_ga = False
     trainer.train()
@@ -859,6 +894,10 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=2000, help="curriculum steps, after the opening")
     parser.add_argument("--batch-size", type=int, default=32, help="samples (conversations, with --followups) per step")
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="stage 2 and the polish: split each step's batch into this many micro-batches, "
+                             "its samples sorted by length, so that short answers do not pad to captions' length "
+                             "(the same samples and gradient; benchmarks/micro_batch_speed.py)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
     parser.add_argument("--warmup", type=int, default=200)
@@ -977,6 +1016,9 @@ def main() -> None:
         args.motion_steps = min(args.motion_steps, 5)  # half of stage 1, so both halves run
         args.centre_steps, args.polish_steps = min(args.centre_steps, 2), min(args.polish_steps, 3)
         args.centre_mixed_steps = min(args.centre_mixed_steps, args.centre_steps)
+    if args.micro_batches < 1 or args.batch_size % args.micro_batches:
+        parser.error(f"--micro-batches {args.micro_batches} does not split --batch-size {args.batch_size} "
+                     "into equal micro-batches")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1091,7 +1133,7 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(args.out)
     processor.save_pretrained(args.out)
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
-        json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(processor.tokenizer), "batch_size": args.batch_size, "lr": args.lr, "adam_beta2": args.adam_beta2,
+        json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(processor.tokenizer), "batch_size": args.batch_size, "micro_batches": args.micro_batches, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import TrainerCallback
 
 from vlmkit.cli import load
 from vlmkit.data import COLOURS, HELDOUT_COMBOS, KINDS, SEEN_COMBOS
+from vlmkit.training import VLMKitDataCollator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -415,6 +417,53 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     # every task of both phases scored
     assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence")
                                                                               for n in probe.SHAPE_COUNTS])
+
+
+def test_length_sorted_steps_keep_each_steps_samples_and_sort_them_by_processed_length(tiny_tokenizer):
+    train_shapes = load_example("train_shapes")
+    _, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    collator = VLMKitDataCollator(processor)
+    tasks = ("caption", "count", "colour", "grounding", "motion")
+    stream = train_shapes.ShapesStream(32 * 40, 0, False, tasks)
+    sorted_steps = train_shapes.LengthSortedSteps(stream, 8, processor)
+    plain, reordered = list(itertools.islice(stream, 32)), list(itertools.islice(sorted_steps, 32))
+    text = lambda sample: repr([[p.get("text") for p in m["content"]] for m in sample["messages"]])  # noqa: E731
+    processed = [collator([sample])["input_ids"].shape[1] for sample in reordered]
+    for step in range(4):
+        rows = slice(8 * step, 8 * step + 8)
+        assert sorted(map(text, plain[rows])) == sorted(map(text, reordered[rows]))
+        assert processed[rows] == sorted(processed[rows]), processed[rows]
+    # the estimate is the processed length less the chat template's tokens, which are fixed per kind of input
+    overhead = {}
+    for sample, length in zip(reordered, processed):
+        overhead.setdefault(sample["messages"][0]["content"][0]["type"], set()).add(length - sorted_steps.length(sample))
+    assert set(overhead) == {"image", "video"} and all(len(values) == 1 for values in overhead.values()), overhead
+
+
+def test_micro_batches_train_the_step_a_whole_batch_trains(tiny_tokenizer):
+    """One AdamW step over 8 samples, whole or in 2 length-sorted micro-batches: the same logged loss (not
+    twice it: the Trainer divides the per-sample means) and the same weights after."""
+    train_shapes = load_example("train_shapes")
+    runs = []
+    for micro_batches in (1, 2):
+        torch.manual_seed(0)
+        model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+        args = SimpleNamespace(batch_size=8, micro_batches=micro_batches, seed=0, adam_beta2=0.95, loss="sample",
+                               vision_lr_scale=1.0, deepstack_lr_scale=1.0, frame_difference_lr_scale=0.0)
+        stream = train_shapes.ShapesStream(8, 0, True, ("caption", "count", "colour", "grounding"))
+        losses = []
+
+        class LossLog(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                losses.extend([logs["loss"]] if "loss" in logs else [])
+
+        train_shapes.train_language_model(model, VLMKitDataCollator(processor), stream, args, 1, 1e-3, 0,
+                                          "constant_with_warmup", LossLog())
+        runs.append((losses, {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (losses_whole, weights_whole), (losses_micro, weights_micro) = runs
+    assert len(losses_whole) == 1 and losses_micro == pytest.approx(losses_whole, rel=1e-4)
+    for name, weight in weights_whole.items():
+        torch.testing.assert_close(weights_micro[name], weight, atol=2e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("tower_scale, deepstack_scale", [(0.0, 1.0), (0.3, 0.3), (0.1, 0.0)])
@@ -864,7 +913,8 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--centre-steps", "10", "--centre-mixed", "--centre-mixed-steps", "5"], "give it or --centre-mixed-steps, not both"),
     (["--init-from", "some/run", "--polish-steps", "0"], "--init-from skips stages 1 and 2: give --polish-steps too"),
     (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
-    (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1")])
+    (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
+    (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
     result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)

@@ -57,6 +57,10 @@ def main() -> None:
                         help="the stream's tasks (train_shapes.py's default --tasks)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    splits = [1, *map(int, args.micro_batches.split(","))]
+    uneven = [n for n in splits if n < 1 or args.batch_size % n]
+    if uneven:
+        parser.error(f"--micro-batches: {','.join(map(str, uneven))} cannot split --batch-size {args.batch_size} evenly")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -74,7 +78,6 @@ def main() -> None:
     samples = list(itertools.islice(stream, start, start + args.batch_size * (args.steps + 1)))
     batches = [samples[i:i + args.batch_size] for i in range(0, len(samples), args.batch_size)]
 
-    splits = [1, *map(int, args.micro_batches.split(","))]
     step(model, collator, [batches[0]])  # warm-up, untimed
     times, fill = {n: [] for n in splits}, {n: [0, 0] for n in splits}
     for batch in batches[1:]:

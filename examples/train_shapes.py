@@ -691,16 +691,19 @@ class LengthSortedSteps(IterableDataset):
     """`stream`'s samples `batch_size` at a time (one optimizer step's), each step's shortest first, for
     --micro-batches: a step's micro-batches then each pad to lengths near their own instead of all to
     the step's longest sample (at the curriculum's last level a batch of 32 is 57% padding: one-word
-    answers beside captions and boxes; benchmarks/results/micro_batch_speed.json). The step trains on the same samples as without it and, with the Trainer
-    dividing each micro-batch's mean (`loss_is_scaled_for_ga`), to the same gradient up to rounding.
+    answers beside captions and boxes; benchmarks/results/micro_batch_speed.json). The step trains on
+    the same samples as without it and, with the Trainer dividing each micro-batch's mean
+    (`loss_is_scaled_for_ga`), to the same gradient up to rounding.
     Lengths are estimated without processing the pixels: the text's tokens plus the visual tokens of
-    the image processor's resize."""
+    the image processor's resize, for a clip per frame pair (its frames padded to whole pairs, as the
+    video processor pads them). They leave out the chat template's tokens: a fixed number per sample,
+    and for a clip a "<t seconds>" stamp per frame pair, a few tokens, which only sorting can miss."""
 
     def __init__(self, stream, batch_size: int, processor):
         self.stream, self.batch_size, self.processor = stream, batch_size, processor
 
     def length(self, sample: dict) -> int:
-        images, merge = self.processor.image_processor, self.processor.image_processor.merge_size
+        images = self.processor.image_processor
         tokens = 0
         for message in sample["messages"]:
             for part in message["content"]:
@@ -709,8 +712,8 @@ class LengthSortedSteps(IterableDataset):
                 elif part["type"] in ("image", "video"):
                     frames = part["video"] if part["type"] == "video" else [part["image"]]
                     height, width = np.asarray(frames[0]).shape[:2]
-                    steps_in_time = max(1, len(frames) // images.temporal_patch_size)
-                    tokens += images.get_number_of_image_patches(height, width) // merge**2 * steps_in_time
+                    steps_in_time = math.ceil(len(frames) / images.temporal_patch_size)
+                    tokens += images.get_number_of_image_patches(height, width) // images.merge_size**2 * steps_in_time
         return tokens
 
     def __iter__(self):

@@ -433,11 +433,29 @@ def test_length_sorted_steps_keep_each_steps_samples_and_sort_them_by_processed_
         rows = slice(8 * step, 8 * step + 8)
         assert sorted(map(text, plain[rows])) == sorted(map(text, reordered[rows]))
         assert processed[rows] == sorted(processed[rows]), processed[rows]
-    # the estimate is the processed length less the chat template's tokens, which are fixed per kind of input
+    # the estimate is the processed length less the chat template's tokens, which are fixed per kind of
+    # input while clips keep one length (the curriculum's first level: 4 frames)
     overhead = {}
     for sample, length in zip(reordered, processed):
         overhead.setdefault(sample["messages"][0]["content"][0]["type"], set()).add(length - sorted_steps.length(sample))
     assert set(overhead) == {"image", "video"} and all(len(values) == 1 for values in overhead.values()), overhead
+
+
+def test_length_sorted_steps_count_a_clips_frames_in_whole_pairs(tiny_tokenizer):
+    # clips of 4-8 frames: the processor pads an odd count to whole frame pairs, so 5 frames cost what 6
+    # do, and only the template's "<t seconds>" stamps (one per pair) are left out of the estimate
+    from vlmkit.data import make_sample
+    from vlmkit.data.shapesworld import as_messages
+    train_shapes = load_example("train_shapes")
+    _, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    collator, sorter = VLMKitDataCollator(processor), train_shapes.LengthSortedSteps(None, 8, processor)
+    left_out = {}
+    for seed in range(12):
+        clip = make_sample(seed, task="motion", difficulty=2)
+        sample = {"messages": as_messages(clip), "fps": clip["fps"]}
+        pairs = (len(clip["video"]) + 1) // 2
+        left_out.setdefault(pairs, set()).add(collator([sample])["input_ids"].shape[1] - sorter.length(sample))
+    assert len(left_out) >= 3 and all(len(values) == 1 for values in left_out.values()), left_out
 
 
 def test_micro_batches_train_the_step_a_whole_batch_trains(tiny_tokenizer):

@@ -46,7 +46,7 @@ import time
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset
-from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine_schedule_with_warmup
+from transformers import TrainerCallback, TrainingArguments, get_cosine_schedule_with_warmup
 
 import vlmkit
 from vlmkit.data import (
@@ -59,7 +59,7 @@ from vlmkit.data.shapes import (
     video_cell_labels,
 )
 from vlmkit.data.shapesworld import BACKGROUND_WORDS, TEMPLATES
-from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, per_answer_loss, per_sample_loss
+from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, VLMKitTrainer, per_answer_loss, per_sample_loss
 
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
@@ -692,8 +692,8 @@ class LengthSortedSteps(IterableDataset):
     --micro-batches: a step's micro-batches then each pad to lengths near their own instead of all to
     the step's longest sample (at the curriculum's last level a batch of 32 is 57% padding: one-word
     answers beside captions and boxes; benchmarks/results/micro_batch_speed.json). The step trains on
-    the same samples as without it and, with the Trainer dividing each micro-batch's mean
-    (`loss_is_scaled_for_ga`), to the same gradient up to rounding.
+    the same samples as without it and, with VLMKitTrainer dividing each micro-batch's mean by the
+    micro-batches (`loss_is_scaled_for_ga`), to the same gradient up to rounding.
     Lengths are estimated without processing the pixels: the text's tokens plus the visual tokens of
     the image processor's resize, for a clip per frame pair (its frames padded to whole pairs, as the
     video processor pads them). They leave out the chat template's tokens: a fixed number per sample,
@@ -883,12 +883,11 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
     optimizer = torch.optim.AdamW(stage_2_param_groups(model, lr, args.vision_lr_scale, args.deepstack_lr_scale,
                                                        args.frame_difference_lr_scale),
                                   lr=lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
-    trainer = Trainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
-                      compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
-                      train_dataset=LengthSortedSteps(stream, args.batch_size, collator.processor)
-                      if args.micro_batches > 1 else stream, callbacks=list(callbacks))
-    if trainer.compute_loss_func is not None:  # per-micro-batch means: the Trainer divides them (training/losses.py)
-        trainer.loss_is_scaled_for_ga = False
+    # VLMKitTrainer: the per-sample losses are per-micro-batch means, which it divides by the micro-batches
+    trainer = VLMKitTrainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
+                            compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
+                            train_dataset=LengthSortedSteps(stream, args.batch_size, collator.processor)
+                            if args.micro_batches > 1 else stream, callbacks=list(callbacks))
     trainer.train()
 
 

@@ -9,6 +9,8 @@
   stages that switch the trained components during one run.
 - `per_sample_loss`, `per_answer_loss`: `compute_loss_func`s that weight samples, or each sample's
   answers (assistant turns), equally instead of tokens.
+- `VLMKitTrainer`: `Trainer` that divides those losses by the gradient-accumulation steps, as their
+  per-micro-batch means need (a plain `Trainer` would not).
 """
 
 from .collator import IGNORE_INDEX, VLMKitDataCollator
@@ -16,6 +18,7 @@ from .components import COMPONENTS, component_of, component_prefixes, connector_
 from .freezing import StagedTrainingCallback, parameter_components, set_trainable, trainable_names
 from .lora import LORA_SCOPES, lora_target_modules, lora_target_names
 from .losses import per_answer_loss, per_sample_loss
+from .trainer import VLMKitTrainer
 
 __all__ = [
     "COMPONENTS",
@@ -23,6 +26,7 @@ __all__ = [
     "LORA_SCOPES",
     "StagedTrainingCallback",
     "VLMKitDataCollator",
+    "VLMKitTrainer",
     "component_of",
     "component_prefixes",
     "connector_module_names",

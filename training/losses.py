@@ -8,11 +8,13 @@ labelled tokens, then the mean over the samples that have any. In a conversation
 (a caption among one-word replies), `per_answer_loss` does the same one level down: every assistant
 turn, one contiguous run of labels, weighs the same.
 
-With gradient accumulation, set `trainer.loss_is_scaled_for_ga = False`: transformers takes a
+With gradient accumulation, train with `vlmkit.training.VLMKitTrainer`, or set
+`trainer.loss_is_scaled_for_ga = False` on a plain `Trainer`: transformers takes a
 `compute_loss_func`'s loss as already scaled over the accumulated batch (token losses summed over
 `num_items_in_batch`), but these are per-micro-batch means, so left alone N micro-batches add up to
-N times the batch's loss and gradient. Told so, the Trainer divides each by N, and N micro-batches
-of equal size give exactly one batch's mean (tests/training/test_trainer.py).
+N times the batch's loss and gradient. Both functions declare it (`loss_is_scaled_for_ga = False`,
+which `VLMKitTrainer` reads); told so, the Trainer divides each by N, and N micro-batches of equal
+size give exactly one batch's mean (tests/training/test_trainer.py).
 """
 
 import torch
@@ -39,7 +41,7 @@ def per_sample_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> t
     position s of the logits predicts labels[:, s + 1]. `num_items_in_batch` (the token count
     Trainer passes for gradient accumulation) is ignored: samples, not tokens, are weighted, so
     each micro-batch gives its own mean, which the Trainer must divide by the accumulation steps
-    (`loss_is_scaled_for_ga = False`, see above).
+    (`loss_is_scaled_for_ga = False`, see above; `VLMKitTrainer` does it).
     """
     token_loss, learned_tokens = _token_losses(outputs, labels)
     counts = learned_tokens.sum(dim=1)
@@ -65,3 +67,8 @@ def per_answer_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> t
     sums = losses.new_zeros(num_answers).index_add(0, answer[kept], losses)
     counts = losses.new_zeros(num_answers).index_add(0, answer[kept], torch.ones_like(losses))
     return (sums / counts).mean()
+
+
+# each returns its micro-batch's own mean: the Trainer must divide by the accumulation steps
+per_sample_loss.loss_is_scaled_for_ga = False
+per_answer_loss.loss_is_scaled_for_ga = False

@@ -1,10 +1,12 @@
 """Trainer + LoRA: the loss falls, every scope gets gradients with either checkpointing mode, gradient
 accumulation is token-weighted, stages train what they name, a merged adapter reloads (items 11, 13, 14, 17)."""
 
+import functools
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 import vlmkit
 from vlmkit.modeling.text import VLMKitTextDecoderLayer
@@ -13,6 +15,7 @@ from vlmkit.training import (
     LORA_SCOPES,
     StagedTrainingCallback,
     VLMKitDataCollator,
+    VLMKitTrainer,
     connector_module_names,
     lora_target_modules,
     parameter_components,
@@ -128,33 +131,53 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize("loss_func", [per_sample_loss, per_answer_loss])
 def test_sample_weighted_loss_under_accumulation_needs_the_trainer_to_divide(tiny_tokenizer, tmp_path, loss_func):
     """2 micro-batches of 2 samples give one batch of 4's loss and SGD step once the Trainer divides each
-    micro-batch's mean by the accumulation steps (`loss_is_scaled_for_ga = False`); left to decide
-    (None), transformers treats a `compute_loss_func`'s loss as scaled already and the step doubles."""
+    micro-batch's mean by the accumulation steps: VLMKitTrainer does, from the loss function's own
+    `loss_is_scaled_for_ga = False`, and so does a plain Trainer told so. A plain Trainer left to decide
+    (None) treats a `compute_loss_func`'s loss as scaled already, and the step doubles."""
     rows = [{"messages": [turn("user", image(16, 16, i), "what is it"), turn("assistant", answer)]}
             for i, answer in enumerate(["a", "a red circle and a blue square", "a cat", "two"])]
 
-    def run(batch_size, accumulation, scaled):
+    def run(batch_size, accumulation, trainer_class=Trainer, scaled=None):
         model, processor = build(tiny_tokenizer)
         before = snapshot(model)
-        run = trainer(model, processor, rows, tmp_path, per_device_train_batch_size=batch_size,
-                      gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=0.5,
-                      max_grad_norm=0.0)  # clipping would hide a doubled gradient
-        run.compute_loss_func, run.loss_is_scaled_for_ga = loss_func, scaled
+        run = trainer(model, processor, rows, tmp_path, trainer_class=trainer_class, compute_loss_func=loss_func,
+                      per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                      optim="sgd", learning_rate=0.5, max_grad_norm=0.0)  # clipping would hide a doubled gradient
+        if scaled is not None:
+            run.loss_is_scaled_for_ga = scaled
         run.train()
         after = snapshot(model)
         return run.state.log_history[0]["loss"], {n: after[n] - before[n] for n in before}
 
-    loss_big, step_big = run(4, 1, None)
-    loss_divided, step_divided = run(2, 2, False)
-    loss_undivided, step_undivided = run(2, 2, None)
-    assert loss_divided == pytest.approx(loss_big, abs=1e-5)
-    assert loss_undivided == pytest.approx(2 * loss_big, abs=1e-4)
+    loss_big, step_big = run(4, 1)
     moved = [n for n, delta in step_big.items() if delta.abs().sum() > 0]
     assert moved
-    for name in moved:
-        torch.testing.assert_close(step_divided[name], step_big[name], atol=1e-6, rtol=1e-4, msg=name)
+    for trainer_class, scaled in ((VLMKitTrainer, None), (Trainer, False)):
+        loss_divided, step_divided = run(2, 2, trainer_class, scaled)
+        assert loss_divided == pytest.approx(loss_big, abs=1e-5), trainer_class
+        for name in moved:
+            torch.testing.assert_close(step_divided[name], step_big[name], atol=1e-6, rtol=1e-4, msg=name)
+    loss_undivided, step_undivided = run(2, 2)
+    assert loss_undivided == pytest.approx(2 * loss_big, abs=1e-4)
     name = max(moved, key=lambda n: step_big[n].abs().sum())
     torch.testing.assert_close(step_undivided[name], 2 * step_big[name], atol=1e-6, rtol=1e-4)
+
+
+def test_vlmkit_trainer_takes_the_scaling_a_loss_function_declares(model_and_processor, tmp_path):
+    """per_sample_loss and per_answer_loss declare per-micro-batch means, also through functools.partial;
+    a loss function that declares nothing, or none at all, keeps transformers' default (None)."""
+    model, processor = model_and_processor
+    rows = colour_rows()
+
+    def undeclared(outputs, labels, num_items_in_batch=None):
+        return per_sample_loss(outputs, labels)
+
+    declared = {per_sample_loss: False, per_answer_loss: False, functools.partial(per_answer_loss): False,
+                undeclared: None, None: None}
+    for loss_func, expected in declared.items():
+        run = trainer(model, processor, rows, tmp_path, trainer_class=VLMKitTrainer, compute_loss_func=loss_func)
+        assert run.loss_is_scaled_for_ga is expected, loss_func
+        assert run.compute_loss_func is loss_func
 
 
 def test_a_text_only_batch_keeps_every_visual_parameter_in_the_graph(model_and_processor):

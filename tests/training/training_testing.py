@@ -70,16 +70,17 @@ def build(tokenizer, seed: int = 0, **overrides):
     return model, processor
 
 
-def trainer(model, processor, rows, output_dir, callbacks=None, **args) -> Trainer:
+def trainer(model, processor, rows, output_dir, callbacks=None, trainer_class=Trainer, compute_loss_func=None,
+            **args) -> Trainer:
     settings = dict(
         per_device_train_batch_size=3, max_steps=1, learning_rate=1e-2, logging_steps=1, report_to=[],
         remove_unused_columns=False, save_strategy="no", use_cpu=True, disable_tqdm=True,
         train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0,
     )
     settings.update(args)
-    return Trainer(
+    return trainer_class(
         model=model, args=TrainingArguments(output_dir=str(output_dir), **settings), train_dataset=rows,
-        data_collator=VLMKitDataCollator(processor), callbacks=callbacks,
+        data_collator=VLMKitDataCollator(processor), callbacks=callbacks, compute_loss_func=compute_loss_func,
     )
 
 

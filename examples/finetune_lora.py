@@ -16,7 +16,9 @@ Rows are chat messages (a "messages" column, images and videos inline or TRL-sty
 `--scope` picks the LoRA targets (`vlmkit.training.lora_target_modules`); `--stages` switches the trained
 components during the run (`StagedTrainingCallback`); a stage that trains the connector without LoRA on
 it trains it in full and saves it with the adapter (peft `modules_to_save`). `--packing` puts each batch
-in one row without padding. The adapter (and the processor) are saved to `--output-dir`; a tiny model's
+in one row without padding. `--loss sample` (or `answer`) weighs samples (or assistant turns) equally
+instead of tokens, through `VLMKitTrainer`, which keeps that loss right under gradient accumulation and
+over several processes. The adapter (and the processor) are saved to `--output-dir`; a tiny model's
 base weights go to `--output-dir/base_model` so the adapter can be loaded again.
 
 Every process prints a checksum of its trainable weights at the end: under DDP they must be equal.
@@ -28,7 +30,7 @@ import os
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import Trainer, TrainingArguments
+from transformers import TrainingArguments
 
 import vlmkit
 from vlmkit.data import as_messages, build_dataset
@@ -36,9 +38,14 @@ from vlmkit.training import (
     COMPONENTS,
     StagedTrainingCallback,
     VLMKitDataCollator,
+    VLMKitTrainer,
     connector_module_names,
     lora_target_modules,
+    per_answer_loss,
+    per_sample_loss,
 )
+
+LOSSES = {"token": None, "sample": per_sample_loss, "answer": per_answer_loss}
 
 
 def parse_stages(text: str | None) -> list[tuple[int, list[str]]] | None:
@@ -129,6 +136,9 @@ def main() -> None:
     parser.add_argument("--overflow", choices=("raise", "drop"), default="raise", help="what to do with longer samples")
     parser.add_argument("--text-only", choices=("none", "alternate"), default="none",
                         help="alternate: drop the pixels of rows 1, 2, 5, 6, ... (sequential order)")
+    parser.add_argument("--loss", choices=tuple(LOSSES), default="token",
+                        help="weigh every answer token equally (the model's loss), every sample (per_sample_loss) "
+                             "or every assistant turn (per_answer_loss)")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--max-steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=2, help="per process")
@@ -182,9 +192,10 @@ def main() -> None:
         ddp_find_unused_parameters=bool(stages),
     )
     collator = VLMKitDataCollator(processor, max_length=args.max_length, packing=args.packing, overflow=args.overflow)
-    trainer = Trainer(
+    trainer = VLMKitTrainer(
         model=model, args=training_args, train_dataset=ChatRows(dataset, args.text_only == "alternate"),
         data_collator=collator, callbacks=[StagedTrainingCallback(stages)] if stages else None,
+        compute_loss_func=LOSSES[args.loss],
     )
     result = trainer.train()
     trainer.save_model(args.output_dir)

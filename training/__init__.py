@@ -9,8 +9,8 @@
   stages that switch the trained components during one run.
 - `per_sample_loss`, `per_answer_loss`: `compute_loss_func`s that weight samples, or each sample's
   answers (assistant turns), equally instead of tokens.
-- `VLMKitTrainer`: `Trainer` that divides those losses by the gradient-accumulation steps, as their
-  per-micro-batch means need (a plain `Trainer` would not).
+- `VLMKitTrainer`: `Trainer` that keeps those per-micro-batch means right under gradient accumulation
+  and DDP, where a plain `Trainer` scales them by the accumulation steps and the processes.
 """
 
 from .collator import IGNORE_INDEX, VLMKitDataCollator

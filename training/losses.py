@@ -14,7 +14,8 @@ With gradient accumulation, train with `vlmkit.training.VLMKitTrainer`, or set
 `num_items_in_batch`), but these are per-micro-batch means, so left alone N micro-batches add up to
 N times the batch's loss and gradient. Both functions declare it (`loss_is_scaled_for_ga = False`,
 which `VLMKitTrainer` reads); told so, the Trainer divides each by N, and N micro-batches of equal
-size give exactly one batch's mean (tests/training/test_trainer.py).
+size give exactly one batch's mean (tests/training/test_trainer.py). Under DDP a plain `Trainer` also
+multiplies them by the number of processes; `VLMKitTrainer` does not (training/trainer.py).
 """
 
 import torch

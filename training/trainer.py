@@ -9,6 +9,12 @@ gradient. They say so in an attribute, `loss_is_scaled_for_ga = False`, and this
 onto itself, so N equal micro-batches give exactly one batch's mean. A loss function without the
 attribute keeps transformers' default; an explicit `trainer.loss_is_scaled_for_ga` set after init
 still wins.
+
+The same assumption breaks data parallelism: with a token count in hand and
+`average_tokens_across_devices` (the default), the Trainer multiplies a `compute_loss_func`'s loss by
+the number of processes, so under DDP a per-process mean trains on twice the loss on two processes.
+For a loss declared a per-micro-batch mean this Trainer withholds the token count, which those
+losses ignore anyway (tests/training/test_finetune_example.py runs two gloo processes).
 """
 
 import functools
@@ -35,3 +41,11 @@ class VLMKitTrainer(Trainer):
         declared = declared_ga_scaling(compute_loss_func)
         if declared is not None:
             self.loss_is_scaled_for_ga = declared
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.compute_loss_func is not None and self.loss_is_scaled_for_ga is False:
+            # A per-micro-batch mean ignores the token count, and with one the Trainer would multiply
+            # the loss by the number of processes (`average_tokens_across_devices`, right for a sum
+            # over the global token count): DDP already averages the processes' gradients.
+            num_items_in_batch = None
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)

@@ -1,5 +1,6 @@
-"""examples/finetune_lora.py end to end: two gloo processes with mixed batches (item 13), and one process
-with packing and stages whose saved adapter reloads."""
+"""examples/finetune_lora.py end to end: two gloo processes with mixed batches (item 13), the per-sample
+loss the same over two processes, accumulation or one batch, and one process with packing and stages whose
+saved adapter reloads."""
 
 import json
 import os
@@ -40,6 +41,30 @@ def test_two_cpu_processes_with_text_only_and_image_batches_end_with_equal_weigh
     assert sorted(checksums) == ["0", "1"] and checksums["0"] == checksums["1"], output[-2000:]
     assert re.search(r"loss \d+\.\d+ -> \d+\.\d+ over 10 steps", output)
     assert (tmp_path / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["sample", "answer"])
+def test_a_per_sample_loss_is_one_batch_mean_over_two_processes_or_accumulated_micro_batches(tmp_path, loss):
+    """Rows 0 and 1 (an image, then text only) as one batch of 2, as 2 accumulated micro-batches of 1, and
+    as 1 row on each of two gloo processes: the same first-step loss. A plain Trainer logs (and trains on)
+    twice it in both split cases: it takes a compute_loss_func's loss as scaled for accumulation, and
+    multiplies it by the processes (average_tokens_across_devices); VLMKitTrainer does neither."""
+    common = [EXAMPLE, "--max-steps", "1", "--num-train", "8", "--scope", "all", "--text-only", "alternate",
+              "--no-progress", "--loss", loss]
+    runs = {
+        "one batch": [sys.executable, *common, "--batch-size", "2"],
+        "accumulated": [sys.executable, *common, "--batch-size", "1", "--gradient-accumulation-steps", "2"],
+        "two processes": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          *common, "--batch-size", "1"],
+    }
+    first_losses = {}
+    for name, command in runs.items():
+        output = _run(command + ["--output-dir", str(tmp_path / name.replace(" ", "-"))], timeout=240)
+        first_losses[name] = float(re.search(r"loss (\d+\.\d+) -> ", output).group(1))
+    assert first_losses["one batch"] > 1.0
+    assert first_losses["accumulated"] == pytest.approx(first_losses["one batch"], abs=2e-4), first_losses
+    assert first_losses["two processes"] == pytest.approx(first_losses["one batch"], abs=2e-4), first_losses
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """`VLMKitTrainer`: transformers' `Trainer`, told how vlmkit's loss functions scale under gradient
-accumulation.
+accumulation and over several processes.
 
 The Trainer takes a `compute_loss_func`'s loss as already scaled over the accumulated batch (token
 losses summed, then divided by `num_items_in_batch`), and so never divides it by the accumulation
@@ -12,9 +12,10 @@ still wins.
 
 The same assumption breaks data parallelism: with a token count in hand and
 `average_tokens_across_devices` (the default), the Trainer multiplies a `compute_loss_func`'s loss by
-the number of processes, so under DDP a per-process mean trains on twice the loss on two processes.
-For a loss declared a per-micro-batch mean this Trainer withholds the token count, which those
-losses ignore anyway (tests/training/test_finetune_example.py runs two gloo processes).
+the number of processes, so under DDP a per-process mean trains on P times the loss over P
+processes. While `loss_is_scaled_for_ga` is False (a per-micro-batch mean), this Trainer withholds
+the token count, which such losses ignore anyway (tests/training/test_finetune_example.py runs two
+gloo processes).
 """
 
 import functools
@@ -33,8 +34,9 @@ def declared_ga_scaling(loss_func) -> bool | None:
 
 
 class VLMKitTrainer(Trainer):
-    """A `Trainer` whose `compute_loss_func` may declare `loss_is_scaled_for_ga` (see the module
-    docstring); everything else is transformers' `Trainer` unchanged."""
+    """A `Trainer` whose `compute_loss_func` may declare `loss_is_scaled_for_ga`, and which keeps a
+    per-micro-batch mean loss unscaled by the processes (see the module docstring); everything else is
+    transformers' `Trainer` unchanged."""
 
     def __init__(self, *args, compute_loss_func=None, **kwargs):
         super().__init__(*args, compute_loss_func=compute_loss_func, **kwargs)

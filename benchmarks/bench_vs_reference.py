@@ -156,7 +156,7 @@ def main() -> None:
 
     memory = {impl: peak_memory(lambda m=model: prefill(m)) for impl, model in models.items()}
     summary = {}
-    print(f"\n| measure | reference | vlmkit | vlmkit / reference |\n|---|---|---|---|")
+    print("\n| measure | reference | vlmkit | vlmkit / reference |\n|---|---|---|---|")
     for name in measures:
         ref, ours = (statistics.median(times[name][impl]) for impl in ("reference", "vlmkit"))
         ratio = statistics.median(ratios[name])

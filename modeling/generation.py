@@ -14,7 +14,7 @@ import torch
 from transformers.generation import GenerationMixin
 
 from ..configuration import num_visual_tokens
-from .positions import multimodal_position_ids, token_types_from_ids
+from .positions import token_types_from_ids
 
 # Attribute set on a generation cache: per-row offset between M-RoPE and text positions at the last
 # cached token, so that a continuation given only new media (or no positions) can place its tokens.

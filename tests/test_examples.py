@@ -28,7 +28,7 @@ def test_load_qwen3vl_checkpoint_example_reports_parity():
     )
     assert result.returncode == 0, result.stderr
     assert "missing=[] unexpected=[]" in result.stdout
-    line = next(l for l in result.stdout.splitlines() if l.startswith("max |logit difference|"))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("max |logit difference|"))
     assert float(line.rsplit(":", 1)[1]) <= 1e-5
     assert "greedy generation of 12 tokens identical: True" in result.stdout
 

@@ -36,16 +36,13 @@ import vlmkit
 from vlmkit.data import as_messages, build_dataset
 from vlmkit.training import (
     COMPONENTS,
+    LOSS_FUNCTIONS,
     StagedTrainingCallback,
     VLMKitDataCollator,
     VLMKitTrainer,
     connector_module_names,
     lora_target_modules,
-    per_answer_loss,
-    per_sample_loss,
 )
-
-LOSSES = {"token": None, "sample": per_sample_loss, "answer": per_answer_loss}
 
 
 def parse_stages(text: str | None) -> list[tuple[int, list[str]]] | None:
@@ -136,7 +133,7 @@ def main() -> None:
     parser.add_argument("--overflow", choices=("raise", "drop"), default="raise", help="what to do with longer samples")
     parser.add_argument("--text-only", choices=("none", "alternate"), default="none",
                         help="alternate: drop the pixels of rows 1, 2, 5, 6, ... (sequential order)")
-    parser.add_argument("--loss", choices=tuple(LOSSES), default="token",
+    parser.add_argument("--loss", choices=tuple(LOSS_FUNCTIONS), default="token",
                         help="weigh every answer token equally (the model's loss), every sample (per_sample_loss) "
                              "or every assistant turn (per_answer_loss)")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
@@ -195,7 +192,7 @@ def main() -> None:
     trainer = VLMKitTrainer(
         model=model, args=training_args, train_dataset=ChatRows(dataset, args.text_only == "alternate"),
         data_collator=collator, callbacks=[StagedTrainingCallback(stages)] if stages else None,
-        compute_loss_func=LOSSES[args.loss],
+        compute_loss_func=LOSS_FUNCTIONS[args.loss],
     )
     result = trainer.train()
     trainer.save_model(args.output_dir)

@@ -59,7 +59,7 @@ from vlmkit.data.shapes import (
     video_cell_labels,
 )
 from vlmkit.data.shapesworld import BACKGROUND_WORDS, TEMPLATES
-from vlmkit.training import IGNORE_INDEX, VLMKitDataCollator, VLMKitTrainer, per_answer_loss, per_sample_loss
+from vlmkit.training import IGNORE_INDEX, LOSS_FUNCTIONS, VLMKitDataCollator, VLMKitTrainer
 
 # Share of the run spent at each curriculum level (vlmkit.data.CURRICULUM: easy -> full), and the
 # tasks trained at each: one-word answers first, then relations, boxes and captions.
@@ -885,7 +885,7 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
                                   lr=lr, weight_decay=0.01, betas=(0.9, args.adam_beta2))
     # VLMKitTrainer: the per-sample losses are per-micro-batch means, which it divides by the micro-batches
     trainer = VLMKitTrainer(model=model, args=training_args, data_collator=collator, optimizers=(optimizer, None),
-                            compute_loss_func={"sample": per_sample_loss, "answer": per_answer_loss}.get(args.loss),
+                            compute_loss_func=LOSS_FUNCTIONS[args.loss],
                             train_dataset=LengthSortedSteps(stream, args.batch_size, collator.processor)
                             if args.micro_batches > 1 else stream, callbacks=list(callbacks))
     trainer.train()
@@ -903,7 +903,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--adam-beta2", type=float, default=0.95)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--loss", default="sample", choices=["sample", "answer", "token"],
+    parser.add_argument("--loss", default="sample", choices=list(LOSS_FUNCTIONS),
                         help="weigh samples equally (per_sample_loss), answers (per_answer_loss: each turn of "
                              "a conversation) or tokens (the model's own loss)")
     parser.add_argument("--eval-every", type=int, default=250,

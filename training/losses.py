@@ -73,3 +73,6 @@ def per_answer_loss(outputs, labels: torch.Tensor, num_items_in_batch=None) -> t
 # each returns its micro-batch's own mean: the Trainer must divide by the accumulation steps
 per_sample_loss.loss_is_scaled_for_ga = False
 per_answer_loss.loss_is_scaled_for_ga = False
+
+# by name, for command lines: "token" is the model's own loss (every answer token weighs the same)
+LOSS_FUNCTIONS = {"token": None, "sample": per_sample_loss, "answer": per_answer_loss}

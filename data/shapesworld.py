@@ -692,6 +692,46 @@ def existence_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     return questions
 
 
+def count_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
+    """`count` count questions about one sample's scene, as samples in shuffled order: the three
+    variants in turn ("How many shapes?", "How many red shapes?", "How many stars?"), the colour and
+    kind ones taking turns between a value the scene shows and one it lacks (answered "0"; one
+    `make_sample` question names a value it shows half the time, else any value).
+
+    The counterpart of `existence_questions` for count: one scene answered "2", "0" and "1" by
+    questions a word apart, so the answer prior cancels and only counting what the question names
+    lowers the loss. From two questions on, a group always holds a colour or kind it shows and one
+    it lacks, so at least two answers. A count question about a one-shape scene is an existence question in other
+    words, which one question per scene did not teach (benchmarks/results/shapes_experiments.md).
+
+    Deterministic in (sample, seed, count). Naming a colour or a kind alone never names a held-out
+    colour-kind pair, since every colour and every kind has seen pairs."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    rng = np.random.default_rng([int(seed), int(count), 0xC0DE])
+    shapes = sample["scene"]["shapes"]
+    first = int(rng.integers(3))
+    variants = [("all", "colour", "kind")[(first + i) % 3] for i in range(count)]
+    questions, named = [], 0
+    for variant in variants:
+        if variant == "all":
+            answer, query, fields = str(len(shapes)), {"variant": "all"}, {}
+        else:
+            present = sorted({s[variant] for s in shapes})
+            absent = [v for v in (KINDS if variant == "kind" else COLOURS) if v not in present]
+            values = present if named % 2 == 0 or not absent else absent
+            named += 1
+            value = values[int(rng.integers(len(values)))]
+            answer = str(sum(s[variant] == value for s in shapes))
+            query = {"variant": variant, variant: value}
+            fields = {"kinds": PLURALS[value]} if variant == "kind" else {"colour": value}
+        key = f"count_{variant}"
+        template = int(rng.integers(len(TEMPLATES[key])))
+        questions.append(dict(sample, task="count", template=template, answer=answer, query=query,
+                              question=TEMPLATES[key][template].format(**fields)))
+    return [questions[i] for i in rng.permutation(count)]
+
+
 def _nameable_shapes(sample: dict) -> list[dict]:
     """The scene's shapes that a question can name by colour and kind alone: their pair is unique in
     the scene, and allowed (`_allowed_combos`)."""

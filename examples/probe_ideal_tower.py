@@ -57,7 +57,7 @@ import train_shapes  # noqa: E402  (the example next to this one: tokenizer, mod
 import vlmkit  # noqa: E402
 from vlmkit.cli import answer_samples  # noqa: E402
 from vlmkit.data import (  # noqa: E402
-    BACKGROUNDS, COLOURS, KINDS, as_messages, existence_questions, make_sample, position_questions,
+    BACKGROUNDS, COLOURS, KINDS, as_messages, count_questions, existence_questions, make_sample, position_questions,
 )
 from vlmkit.data.shapesworld import TEMPLATES  # noqa: E402
 from vlmkit.data.shapes import SIZES, cell_attributes, cell_labels, iou, parse_box  # noqa: E402
@@ -175,11 +175,12 @@ def one_template(sample: dict, template: int) -> dict:
 
 
 def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, int],
-                     tasks: tuple[str, ...] = TASKS, position_group: int = 1) -> list[dict]:
+                     tasks: tuple[str, ...] = TASKS, position_group: int = 1, count_group: int = 1) -> list[dict]:
     """A batch of fresh samples, the tasks in turn. With `group` > 1, consecutive existence slots
     take the `group` minimal-pair questions about one scene (`existence_questions`) one after the
     other, so they share the batch and the task mix stays the same; `position_group` does the same
-    for position (`position_questions`: each pair of shapes asked both ways)."""
+    for position (`position_questions`: each pair of shapes asked both ways) and `count_group` for count
+    (`count_questions`)."""
     options = dict(difficulty=2, min_shapes=shapes[0], max_shapes=shapes[1])
     # task -> (questions per group, draw(seed, count) -> that many questions); centre's four each ask
     # about another shape (of one scene while it has enough)
@@ -187,6 +188,8 @@ def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, 
                    make_sample(seed, task="existence", **options), seed, count)),
                "position": (position_group, lambda seed, count: position_questions(
                    make_sample(seed, task="position", **options), seed, count)),
+               "count": (count_group, lambda seed, count: count_questions(
+                   make_sample(seed, task="count", **options), seed, count)),
                CENTRE: (4, lambda seed, count: train_shapes.centre_samples(seed, count, **options))}
     samples, pending = [], {task: [] for task in grouped}
     for index in range(batch_size):
@@ -213,6 +216,8 @@ def main() -> None:
                         help="ask every position question (training and validation) in this one phrasing")
     parser.add_argument("--position-group", type=int, default=1,
                         help="position questions per scene, side by side, each pair of shapes asked both ways (1 or even)")
+    parser.add_argument("--count-group", type=int, default=1,
+                        help="count questions per scene, side by side, naming different colours and kinds")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -320,7 +325,7 @@ def main() -> None:
             group["lr"] = args.lr * min(1.0, step / 100)  # linear warm-up, then constant: a probe, not a recipe
         now = later_tasks if later_tasks and step >= switch_step else tasks
         batch = batch_of(training_samples(step, args.batch_size, args.group, (1, 2 if args.smoke else 5), now,
-                                          args.position_group))
+                                          args.position_group, args.count_group))
         labels = batch.pop("labels")
         loss = per_sample_loss(model(**batch), labels)
         loss.backward()
@@ -335,7 +340,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
-                       "group": args.group, "position_group": args.position_group, "position_template": args.position_template, "question_first": args.question_first, "steps": args.steps,
+                       "group": args.group, "position_group": args.position_group, "count_group": args.count_group, "position_template": args.position_template, "question_first": args.question_first, "steps": args.steps,
                        "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "then": args.then, "features": list(features),
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 

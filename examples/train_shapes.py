@@ -51,7 +51,7 @@ from transformers import TrainerCallback, TrainingArguments, get_cosine_schedule
 import vlmkit
 from vlmkit.data import (
     COLOURS, CURRICULUM, DESCRIBABLE_TASKS, KINDS, TASKS, as_described_messages, as_messages, blank_like,
-    background_questions, centre_questions, existence_questions, kind_questions, make_sample, position_questions,
+    background_questions, centre_questions, count_questions, existence_questions, kind_questions, make_sample, position_questions,
     scene_questions, size_questions,
 )
 from vlmkit.data.shapes import (
@@ -579,6 +579,7 @@ class ShapesStream(IterableDataset):
     minimal-pair questions about one scene (`existence_questions`), side by side so they share a
     batch, and the others give none: the task mix stays the same. `position_group` does the same for
     position (`position_questions`: each pair of shapes asked both ways); position is never text.
+    `count_group` does it for count (`count_questions`: the variants in turn, naming other values).
     A "centre" task slot gives `centre_group` centre questions the same way (`centre_samples`: each
     about another shape, of one scene while it has enough).
 
@@ -602,7 +603,7 @@ class ShapesStream(IterableDataset):
 
     def __init__(self, total_samples: int, seed: int, smoke: bool, tasks: tuple[str, ...] = TASKS,
                  text_samples: int = 0, text_every: int = 0, existence_group: int = 1, followups: int = 0,
-                 position_group: int = 1, centre_group: int = 4,
+                 position_group: int = 1, centre_group: int = 4, count_group: int = 1,
                  opening_samples: int = 0, opening_tasks: tuple[str, ...] = OPENING_TASKS, centre_samples: int = 0,
                  centre_first: bool = False, centre_mixed: int = 0):
         self.total, self.seed, self.smoke, self.tasks = total_samples, seed, smoke, tasks
@@ -621,7 +622,7 @@ class ShapesStream(IterableDataset):
         check_stream_tasks(tasks, "tasks")
         check_stream_tasks(self.opening_tasks if opening_samples else (), "opening tasks")
         self.text_every, self.existence_group, self.followups = text_every, existence_group, followups
-        self.position_group, self.centre_group = position_group, centre_group
+        self.position_group, self.centre_group, self.count_group = position_group, centre_group, count_group
 
     def difficulty(self, index: int) -> int:
         progress, level = index / max(1, self.total), 0
@@ -638,6 +639,8 @@ class ShapesStream(IterableDataset):
                       make_sample(seed, task="existence", **options), seed, count)),
                   "position": (self.position_group, lambda seed, count, options: position_questions(
                       make_sample(seed, task="position", **options), seed, count)),
+                  "count": (self.count_group, lambda seed, count, options: count_questions(
+                      make_sample(seed, task="count", **options), seed, count)),
                   CENTRE: (self.centre_group, lambda seed, count, options: centre_samples(seed, count, **options))}
         slots = dict.fromkeys(groups, 0)
         for drawn in itertools.count():
@@ -972,6 +975,9 @@ def main() -> None:
     parser.add_argument("--position-group", type=int, default=8,
                         help="position comes as this many questions about one scene side by side, each pair of "
                              "shapes asked both ways (minimal pairs; 1: one question per scene)")
+    parser.add_argument("--count-group", type=int, default=1,
+                        help="count comes as this many questions about one scene side by side, the variants in "
+                             "turn, naming colours and kinds it shows and any (count_questions; 1: one per scene)")
     parser.add_argument("--centre-group", type=int, default=4,
                         help="with centre in --tasks or --opening-tasks: this many centre questions side by side, each "
                              "about another shape of one scene while it has enough")
@@ -1078,7 +1084,8 @@ def main() -> None:
     collator = VLMKitDataCollator(processor)
     model.config.use_cache = False
     curve = CurveLogger(collator, tasks, args.eval_every, per_task=2 if args.smoke else 16)
-    groups = dict(existence_group=args.existence_group, position_group=args.position_group, centre_group=args.centre_group)
+    groups = dict(existence_group=args.existence_group, position_group=args.position_group, centre_group=args.centre_group,
+                  count_group=args.count_group)
     stage_2_seed, opening_checks = args.seed, []
     if not args.init_from:
         checked = bool(args.opening_bar and args.opening_steps)
@@ -1139,7 +1146,7 @@ def main() -> None:
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
                    "vision_steps": args.vision_steps, "structured_heads": list(structured), "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
-                   "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "followups": args.followups,
+                   "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "count_group": args.count_group, "followups": args.followups,
                    "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "opening_bar": args.opening_bar, "opening_tries": args.opening_tries, "opening_checks": opening_checks, "stage_2_seed": stage_2_seed,
                    "polish_steps": args.polish_steps, "polish_lr": args.polish_lr, "polish_tasks": args.polish_tasks,

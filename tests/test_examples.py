@@ -174,6 +174,30 @@ def test_train_shapes_stream_groups_position_both_ways_and_keeps_the_task_mix():
     assert [text(r) for r in others[:300]] == [text(r) for i, r in enumerate(single) if i not in plain_at][:300]
 
 
+def test_train_shapes_stream_asks_count_questions_in_groups_about_one_scene():
+    train_shapes = load_example("train_shapes")
+    kwargs = dict(total_samples=100_000, seed=0, smoke=False, tasks=("colour", "count"), existence_group=1)
+    rows = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs, count_group=4)), 400))
+    single = list(itertools.islice(iter(train_shapes.ShapesStream(**kwargs)), 400))
+
+    def counts(stream_rows):  # (index, image bytes, answer) of each count question
+        return [(i, r["messages"][0]["content"][0]["image"].tobytes(), r["messages"][1]["content"][0]["text"])
+                for i, r in enumerate(stream_rows) if r["messages"][1]["content"][0]["text"].isdigit()]
+
+    asked = counts(rows)
+    assert len(asked) == 200 and len(counts(single)) == 200  # every other slot either way
+    groups = [asked[i:i + 4] for i in range(0, 200, 4)]
+    assert all(group[-1][0] - group[0][0] == 3 for group in groups)  # side by side
+    assert all(len({image for _, image, _ in group}) == 1 for group in groups)  # about one scene
+    assert len({group[0][1] for group in groups}) == 50  # and a new scene for each group
+    # the answer prior cannot fit a whole group: each asks a colour or kind the scene shows and one it lacks
+    assert all(len({answer for _, _, answer in group}) > 1 for group in groups)
+    assert all("0" in {answer for _, _, answer in group} for group in groups)
+    # the colour samples are those of the ungrouped stream
+    colour = [r for r in rows if not r["messages"][1]["content"][0]["text"].isdigit()]
+    assert colour == [r for r in single if not r["messages"][1]["content"][0]["text"].isdigit()]
+
+
 def test_train_shapes_stream_opens_with_the_probes_tasks_on_full_scenes():
     train_shapes = load_example("train_shapes")
     kwargs = dict(total_samples=2400, seed=0, smoke=False, text_samples=32, text_every=4)
@@ -364,6 +388,11 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     positions = probe.training_samples(3, 16, 1, (2, 5), ("position",), position_group=8)
     assert [len({str(s["scene"]) for s in positions[i:i + 8]}) for i in (0, 8)] == [1, 1]
     assert positions[0]["scene"] != positions[8]["scene"]
+    # count in groups: eight count questions about one scene, with a "0" among them; the mix unchanged
+    counted = probe.training_samples(3, 32, 8, (1, 5), count_group=8)
+    assert [s["task"] for s in counted] == [s["task"] for s in single]
+    first_counts = [s for s in counted if s["task"] == "count"][:8]
+    assert len({str(s["scene"]) for s in first_counts}) == 1 and "0" in {s["answer"] for s in first_counts}
     order = {(s["query"]["a"]["kind"], s["query"]["a"]["colour"], s["query"]["b"]["kind"], s["query"]["b"]["colour"])
              for s in positions[:8]}
     assert all((bk, bc, ak, ac) in order for ak, ac, bk, bc in order)

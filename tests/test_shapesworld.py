@@ -388,6 +388,38 @@ def test_existence_questions_are_minimal_pairs_answered_by_the_scene(split, held
 
 
 @pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
+def test_count_questions_ask_each_variant_in_turn_answered_by_the_scene(split, heldout):
+    variants, zeros, distinct = Counter(), 0, 0
+    for seed in range(60):
+        sample = sw.make_sample(seed, "count", split=split, heldout=heldout)
+        questions = sw.count_questions(sample, seed, 8)
+        assert [q["question"] for q in questions] == [q["question"] for q in sw.count_questions(sample, seed, 8)]
+        shapes = sample["scene"]["shapes"]
+        per_scene = Counter(q["query"]["variant"] for q in questions)
+        assert len(questions) == 8 and sorted(per_scene.values()) == [2, 3, 3]  # the three variants in turn
+        for q in questions:
+            variant = q["query"]["variant"]
+            assert q["task"] == "count" and q["scene"] == sample["scene"] and q["image"] is sample["image"]
+            # the answer, recounted from the scene; the question names the colour or kind counted
+            expected = len(shapes) if variant == "all" else sum(s[variant] == q["query"][variant] for s in shapes)
+            assert q["answer"] == str(expected)
+            if variant == "colour":
+                assert q["query"]["colour"] in q["question"]
+            elif variant == "kind":
+                assert sw.PLURALS[q["query"]["kind"]] in q["question"]
+            variants[variant] += 1
+            zeros += q["answer"] == "0"
+        distinct += len({q["answer"] for q in questions}) >= 2
+    assert min(variants.values()) >= 150  # 480 questions, each variant about a third
+    # the colour and kind questions take turns between a value the scene shows and one it lacks ("0"),
+    # so every scene's questions have different answers and no one answer fits them all
+    assert 120 <= zeros <= 180  # about half of the 5-6 colour and kind questions of 8
+    assert distinct == 60
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        sw.count_questions(sw.make_sample(0, "count"), 0, count=0)
+
+
+@pytest.mark.parametrize("split,heldout", [("train", False), ("test", True)])
 def test_position_questions_ask_each_pair_both_ways(split, heldout):
     from vlmkit.data.shapes import centre
 

@@ -714,22 +714,32 @@ def count_questions(sample: dict, seed: int, count: int = 4) -> list[dict]:
     variants = [("all", "colour", "kind")[(first + i) % 3] for i in range(count)]
     questions, named = [], 0
     for variant in variants:
-        if variant == "all":
-            answer, query, fields = str(len(shapes)), {"variant": "all"}, {}
-        else:
+        value = None
+        if variant != "all":
             present = sorted({s[variant] for s in shapes})
             absent = [v for v in (KINDS if variant == "kind" else COLOURS) if v not in present]
             values = present if named % 2 == 0 or not absent else absent
             named += 1
             value = values[int(rng.integers(len(values)))]
-            answer = str(sum(s[variant] == value for s in shapes))
-            query = {"variant": variant, variant: value}
-            fields = {"kinds": PLURALS[value]} if variant == "kind" else {"colour": value}
-        key = f"count_{variant}"
-        template = int(rng.integers(len(TEMPLATES[key])))
-        questions.append(dict(sample, task="count", template=template, answer=answer, query=query,
-                              question=TEMPLATES[key][template].format(**fields)))
+        questions.append(_count_question(sample, variant, value, rng))
     return [questions[i] for i in rng.permutation(count)]
+
+
+def _count_question(sample: dict, variant: str, value: str | None, rng: np.random.Generator) -> dict:
+    """One count question about the sample's scene, as a sample: all its shapes (`variant` "all",
+    `value` None), or those of one colour or kind (`variant` "colour" or "kind", `value` the one
+    named), answered by counting them. Draws one number from `rng`, the phrasing."""
+    shapes = sample["scene"]["shapes"]
+    if variant == "all":
+        answer, query, fields = len(shapes), {"variant": "all"}, {}
+    else:
+        answer = sum(s[variant] == value for s in shapes)
+        query = {"variant": variant, variant: value}
+        fields = {"kinds": PLURALS[value]} if variant == "kind" else {"colour": value}
+    key = f"count_{variant}"
+    template = int(rng.integers(len(TEMPLATES[key])))
+    return dict(sample, task="count", template=template, answer=str(answer), query=query,
+                question=TEMPLATES[key][template].format(**fields))
 
 
 def _nameable_shapes(sample: dict) -> list[dict]:
@@ -928,15 +938,13 @@ def scene_questions(sample: dict, seed: int, count: int, tasks: Sequence[str] = 
             return [phrased("caption", "caption", caption_of(scene), {})]
         if task == "count":
             variant = ("all", "kind", "colour")[int(rng.integers(3))]
-            if variant == "all":
-                return [phrased("count", "count_all", str(len(shapes)), {"variant": "all"})]
-            # half the time a value in the scene, else any (so "0" is asked too); every colour and kind has
-            # seen pairs, so naming one alone never names a held-out pair
-            present = sorted({s[variant] for s in shapes})
-            value = pick(present) if rng.random() < 0.5 else pick(list(KINDS if variant == "kind" else COLOURS))
-            answer = str(sum(s[variant] == value for s in shapes))
-            fields = {"kinds": PLURALS[value]} if variant == "kind" else {"colour": value}
-            return [phrased("count", f"count_{variant}", answer, {"variant": variant, variant: value}, **fields)]
+            value = None
+            if variant != "all":
+                # half the time a value in the scene, else any (so "0" is asked too); every colour and kind
+                # has seen pairs, so naming one alone never names a held-out pair
+                present = sorted({s[variant] for s in shapes})
+                value = pick(present) if rng.random() < 0.5 else pick(list(KINDS if variant == "kind" else COLOURS))
+            return [_count_question(sample, variant, value, rng)]
         if task == "colour":
             kinds = Counter(s["kind"] for s in shapes)
             options = [s for s in unique if kinds[s["kind"]] == 1]

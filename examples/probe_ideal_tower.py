@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_shapes  # noqa: E402  (the example next to this one: tokenizer, model, stage 1, scoring)
 
 import vlmkit  # noqa: E402
-from vlmkit.cli import answer_samples  # noqa: E402
+from vlmkit.cli import COUNT_VARIANTS, answer_samples  # noqa: E402
 from vlmkit.data import (  # noqa: E402
     BACKGROUNDS, COLOURS, KINDS, as_messages, count_questions, existence_questions, make_sample, position_questions,
 )
@@ -315,6 +315,11 @@ def main() -> None:
                 predicted, targets = model(**batch).logits[:, :-1].argmax(-1), labels[:, 1:]
                 hits = ((predicted == targets) | (targets == train_shapes.IGNORE_INDEX)).all(dim=1)
                 row[f"{task}/{count}"] = round(hits.float().mean().item(), 3)
+                if task == "count":  # "How many shapes?" apart from those that name a colour or a kind
+                    for variant in COUNT_VARIANTS:
+                        chosen = torch.tensor([s["query"]["variant"] == variant for s in samples])
+                        if chosen.any():
+                            row[f"count_{variant}/{count}"] = round(hits[chosen].float().mean().item(), 3)
         model.train(was_training)
         return row
 

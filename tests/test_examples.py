@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import TrainerCallback
 
-from vlmkit.cli import load
+from vlmkit.cli import COUNT_VARIANTS, load
 from vlmkit.data import COLOURS, HELDOUT_COMBOS, KINDS, SEEN_COMBOS
 from vlmkit.training import VLMKitDataCollator
 
@@ -431,6 +431,11 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
         logs[run] = json.loads((tmp_path / f"{run}.json").read_text())
         assert logs[run]["tower"] == tower and logs[run]["question_first"] == (run == 0) and [row["step"] for row in logs[run]["curve"]] == [1, 2]
         assert all(0.0 <= row[f"{task}/{n}"] <= 1.0 for row in logs[run]["curve"] for task in probe.TASKS for n in (1, 3, 5))
+        # count also by what its questions name: each variant's score bounds the task's, which mixes them
+        for row, n in ((row, n) for row in logs[run]["curve"] for n in probe.SHAPE_COUNTS):
+            by_variant = {k.split("/")[0].removeprefix("count_"): v for k, v in row.items() if k.startswith("count_") and k.endswith(f"/{n}")}
+            assert by_variant and set(by_variant) <= set(COUNT_VARIANTS)
+            assert min(by_variant.values()) <= row[f"count/{n}"] <= max(by_variant.values())
     assert logs[0]["vision_curve"] == [] and len(logs[1]["vision_curve"]) == 2
     assert logs[2]["vision_curve"] == logs[1]["vision_curve"]
     # structured extras and other tasks; grounding is scored as the mean IoU of greedy boxes

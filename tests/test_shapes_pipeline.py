@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vlmkit.cli import EXISTENCE_CASES, existence_case, format_report
+from vlmkit.cli import COUNT_VARIANTS, EXISTENCE_CASES, existence_case, format_report
 from vlmkit.data import CAPTION_FIELDS, make_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,8 +38,10 @@ def test_eval_report_says_how_boxes_and_captions_miss():
         "grounding": {**entry, "mean_iou": 0.25, "blank_mean_iou": 0.0, "boxes_parsed": 1.0,
                       "median_centre_error": 143.4, "median_size_ratio": 1.15},
         "caption": {**entry, "caption_in_training_set": 0.5, "caption_novelty": 0.5,
-                    "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15)))}}}
+                    "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15)))},
+        "count": {**entry, "accuracy_by_variant": {"all": 1.0, "kind": 0.4286}, "n_by_variant": {"all": 3, "kind": 7}}}}
     text = format_report(report)
+    assert "Count by what the question names (questions): all shapes 100% (3), one kind 43% (7)" in text
     assert "mean IoU 0.250 (blank 0.000); box centres off by 143 / 1000, sides x1.15 (medians)" in text
     assert ("50% of captions occur in training; fields right: background 24%, shape count 65%, size 53%, "
             "colour 36%, kind 15%") in text
@@ -110,6 +112,8 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert list(report["tasks"]["caption"]["field_accuracy"]) == list(CAPTION_FIELDS)
     existence = report["tasks"]["existence"]
     assert sum(existence["n_by_case"].values()) == existence["n"] and set(existence["n_by_case"]) <= set(EXISTENCE_CASES)
+    count = report["tasks"]["count"]
+    assert sum(count["n_by_variant"].values()) == count["n"] and set(count["n_by_variant"]) <= set(COUNT_VARIANTS)
 
     demo = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "demo"],
                           capture_output=True, text=True, timeout=600, env=ENV)

@@ -75,6 +75,7 @@ def answer_samples(model, processor, samples: list[dict], batch_size: int = 16, 
 
 
 EXISTENCE_CASES = ("present", "colour_and_kind_apart", "colour_only", "kind_only", "neither")
+COUNT_VARIANTS = ("all", "colour", "kind")  # a count question's query["variant"]: every shape, one colour, one kind
 
 
 def existence_case(sample: dict) -> str:
@@ -142,6 +143,11 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
         if task == "existence":
             cases = [existence_case(s) for s, _, _ in rows]
             entry["accuracy_by_case"], entry["n_by_case"] = accuracy_by(hits, cases, EXISTENCE_CASES)
+        if task == "count":
+            # "How many shapes?" reads the scene as a whole; "How many red shapes?" must also find what
+            # the question names, which is where a model answering from the shape count alone fails
+            variants = [s["query"]["variant"] for s, _, _ in rows]
+            entry["accuracy_by_variant"], entry["n_by_variant"] = accuracy_by(hits, variants, COUNT_VARIANTS)
         entry["blank_accuracy"] = round(sum(grade(task, b, s["answer"]) for s, _, b in rows) / len(rows), 4)
         if task == "grounding":
             ious = [iou(parse_box(p), parse_box(s["answer"])) for s, p, _ in rows]
@@ -198,6 +204,11 @@ def format_report(report: dict) -> str:
         e = report["tasks"]["existence"]
         lines += ["", "Existence by what the scene holds of the named shape (questions): " + ", ".join(
             f"{case.replace('_', ' ')} {e['accuracy_by_case'][case]:.0%} ({e['n_by_case'][case]})" for case in e["accuracy_by_case"])]
+    if "accuracy_by_variant" in report["tasks"].get("count", {}):
+        e = report["tasks"]["count"]
+        lines += ["", "Count by what the question names (questions): " + ", ".join(
+            f"{'all shapes' if v == 'all' else 'one ' + v} {e['accuracy_by_variant'][v]:.0%} ({e['n_by_variant'][v]})"
+            for v in e["accuracy_by_variant"])]
     return "\n".join(lines)
 
 

@@ -39,8 +39,11 @@ def test_eval_report_says_how_boxes_and_captions_miss():
                       "median_centre_error": 143.4, "median_size_ratio": 1.15},
         "caption": {**entry, "caption_in_training_set": 0.5, "caption_novelty": 0.5,
                     "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15)))},
-        "count": {**entry, "accuracy_by_variant": {"all": 1.0, "kind": 0.4286}, "n_by_variant": {"all": 3, "kind": 7}}}}
+        "count": {**entry, "accuracy_by_variant": {"all": 1.0, "kind": 0.4286}, "n_by_variant": {"all": 3, "kind": 7}},
+        "existence": {**entry, "accuracy_by_case": {"present": 0.8182, "colour_and_kind_apart": 0.9348},
+                      "n_by_case": {"present": 44, "colour_and_kind_apart": 46}}}}
     text = format_report(report)
+    assert "Existence by what the scene holds of the named shape (questions): present 82% (44), colour and kind apart 93% (46)" in text
     assert "Count by what the question names (questions): all shapes 100% (3), one kind 43% (7)" in text
     assert "mean IoU 0.250 (blank 0.000); box centres off by 143 / 1000, sides x1.15 (medians)" in text
     assert ("50% of captions occur in training; fields right: background 24%, shape count 65%, size 53%, "

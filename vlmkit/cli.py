@@ -200,15 +200,13 @@ def format_report(report: dict) -> str:
         lines.append(f"| {task} | " + " | ".join(
             f"{e['accuracy_by_shapes'][str(n)]:.0%} ({e['n_by_shapes'][str(n)]})" if str(n) in e["accuracy_by_shapes"] else "-"
             for n in counts) + " |")
-    if "accuracy_by_case" in report["tasks"].get("existence", {}):
-        e = report["tasks"]["existence"]
-        lines += ["", "Existence by what the scene holds of the named shape (questions): " + ", ".join(
-            f"{case.replace('_', ' ')} {e['accuracy_by_case'][case]:.0%} ({e['n_by_case'][case]})" for case in e["accuracy_by_case"])]
-    if "accuracy_by_variant" in report["tasks"].get("count", {}):
-        e = report["tasks"]["count"]
-        lines += ["", "Count by what the question names (questions): " + ", ".join(
-            f"{'all shapes' if v == 'all' else 'one ' + v} {e['accuracy_by_variant'][v]:.0%} ({e['n_by_variant'][v]})"
-            for v in e["accuracy_by_variant"])]
+    for task, group, title, label in (
+            ("existence", "case", "Existence by what the scene holds of the named shape", lambda case: case.replace("_", " ")),
+            ("count", "variant", "Count by what the question names", lambda v: "all shapes" if v == "all" else f"one {v}")):
+        e = report["tasks"].get(task, {})
+        if f"accuracy_by_{group}" in e:
+            lines += ["", f"{title} (questions): " + ", ".join(
+                f"{label(key)} {accuracy:.0%} ({e[f'n_by_{group}'][key]})" for key, accuracy in e[f"accuracy_by_{group}"].items())]
     return "\n".join(lines)
 
 

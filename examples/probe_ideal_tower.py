@@ -54,7 +54,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_shapes  # noqa: E402  (the example next to this one: tokenizer, model, stage 1, scoring)
 
-import vlmkit  # noqa: E402
 from vlmkit.cli import COUNT_VARIANTS, answer_samples  # noqa: E402
 from vlmkit.data import (  # noqa: E402
     BACKGROUNDS, COLOURS, KINDS, as_messages, count_questions, existence_questions, make_sample, position_questions,
@@ -106,7 +105,8 @@ class IdealTower(torch.nn.Module):
     vector in the cells where a shape's centre falls. The scenes of the images in the next forward
     are queued in `scenes` (the pixels are ignored)."""
 
-    def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32, features: tuple[str, ...] = ()):
+    def __init__(self, embed: torch.nn.Embedding, tokenizer, cell: int = 32, features: tuple[str, ...] = (),
+                 feature_scale: float = 1.0):
         super().__init__()
         self.embed, self.cell, self.scenes, self.features = embed, cell, [], expand_features(tuple(features))
         self.kind_ids = torch.tensor([ids[0] for ids in train_shapes.name_token_ids(tokenizer, KINDS)])
@@ -114,6 +114,7 @@ class IdealTower(torch.nn.Module):
         width, scale = embed.embedding_dim, embed.weight.std().item()
         self.background = torch.nn.Parameter(torch.randn(width) * scale)
         self.centre = torch.nn.Parameter(torch.randn(width) * scale)
+        scale *= feature_scale  # the extras' rows start at feature_scale times a word row's norm
 
         def table(rows: int) -> torch.nn.Embedding:
             rows_ = torch.nn.Embedding(rows, width)
@@ -134,6 +135,13 @@ class IdealTower(torch.nn.Module):
                       where=place_map, place=lambda: place_map(2 * scale),  # place's values are half where's
                       box_digits=lambda: SlotTables(train_shapes.BOX_PLACES, train_shapes.BOX_VALUES, width, scale))
         self.extras = torch.nn.ModuleDict({name: makers[name]() for name in self.features})
+
+    def feature_norms(self) -> dict[str, float]:
+        """Each learned table's mean row norm over the mean norm of the colour and kind words' rows: about
+        --feature-scale at the start, then how far training has grown a feature against the names."""
+        words = self.embed.weight[torch.cat([self.colour_ids, self.kind_ids])].norm(dim=-1).mean()
+        return {f"norm_{name}": round((module.weight.norm(dim=-1).mean() / words).item(), 2)
+                for name, module in self.extras.items() if isinstance(module, torch.nn.Embedding)}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -232,6 +240,13 @@ def main() -> None:
                              "centre questions first, say, then position); all are scored throughout")
     parser.add_argument("--features", default="", help=f"--tower ideal: comma-separated extras, groups ({', '.join(FEATURE_GROUPS)}) "
                         f"or single cell_attributes ({', '.join(FEATURES)})")
+    parser.add_argument("--word-tokenizer", action="store_true",
+                        help="train_shapes.py --word-tokenizer's vocabulary (role names and answer words one token each)")
+    parser.add_argument("--feature-scale", type=float, default=1.0,
+                        help="--features: start the extras at this many times a word row's norm")
+    parser.add_argument("--frozen-features", action="store_true",
+                        help="--features: keep the extras' tables and maps at their random start, as a frozen tower's "
+                             "outputs are, rather than training them with the language model")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, a few steps (the test)")
     parser.add_argument("--json", help="also write the curve here")
     args = parser.parse_args()
@@ -247,12 +262,14 @@ def main() -> None:
     torch.manual_seed(0)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    tokenizer = vlmkit.build_tokenizer(train_shapes.tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
+    tokenizer = train_shapes.shapes_tokenizer(args.smoke, args.word_tokenizer)
     model, processor = train_shapes.build_model_and_processor(tokenizer, args.smoke)
     model.config.use_cache = False
     vision_curve = []
     if args.tower == "ideal":
-        model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer, features=features)
+        model.model.visual = IdealTower(model.get_input_embeddings(), tokenizer, features=features,
+                                        feature_scale=args.feature_scale)
+        model.model.visual.extras.requires_grad_(not args.frozen_features)
     elif args.stage1_cache and os.path.exists(args.stage1_cache):
         cached = torch.load(args.stage1_cache)
         model.load_state_dict(cached["model"])
@@ -321,6 +338,8 @@ def main() -> None:
                         if chosen.any():
                             row[f"count_{variant}/{count}"] = round(hits[chosen].float().mean().item(), 3)
         model.train(was_training)
+        if isinstance(model.model.visual, IdealTower):
+            row.update(model.model.visual.feature_norms())
         return row
 
     curve, start = [], time.time()
@@ -347,6 +366,8 @@ def main() -> None:
             json.dump({"tower": args.tower, "vision_steps": args.vision_steps if args.tower == "stage1" else 0,
                        "group": args.group, "position_group": args.position_group, "count_group": args.count_group, "position_template": args.position_template, "question_first": args.question_first, "steps": args.steps,
                        "batch_size": args.batch_size, "lr": args.lr, "tasks": list(tasks), "then": args.then, "features": list(features),
+                       "feature_scale": args.feature_scale, "frozen_features": args.frozen_features,
+                       "word_tokenizer": args.word_tokenizer,
                        "vision_curve": vision_curve, "curve": curve}, handle, indent=1)
 
 

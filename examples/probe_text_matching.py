@@ -28,7 +28,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_shapes  # noqa: E402  (the example next to this one: tokenizer, model and data stream)
 
-import vlmkit  # noqa: E402
 from vlmkit.data import as_described_messages, make_sample  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
@@ -76,7 +75,7 @@ def main() -> None:
     torch.manual_seed(0)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    tokenizer = vlmkit.build_tokenizer(train_shapes.tokenizer_corpus(300 if args.smoke else 4000), vocab_size=512)
+    tokenizer = train_shapes.shapes_tokenizer(args.smoke)
     model, processor = train_shapes.build_model_and_processor(tokenizer, args.smoke)
     model.config.use_cache = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))

@@ -125,6 +125,14 @@ def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[
     return texts
 
 
+def shapes_tokenizer(smoke: bool = False, words: bool = False):
+    """The BPE tokenizer train_shapes.py trains. `words` (--word-tokenizer): room for 1,024 tokens and
+    the chat template's role lines in the corpus, so that every ShapesWorld word, also as an answer
+    with no space before it, and each role name is one token; digits split as Qwen's are."""
+    return vlmkit.build_tokenizer(tokenizer_corpus(300 if smoke else 4000, role_words=words),
+                                  vocab_size=1024 if words else 512, split_digits=words)
+
+
 def mrope_section(head_dim: int) -> list[int]:
     """(t, h, w) frequency split in Qwen3-VL's proportions (24, 20, 20 of 64)."""
     half = head_dim // 2
@@ -1038,9 +1046,7 @@ def main() -> None:
         args.vision_steps = args.text_steps = args.centre_steps = args.opening_steps = args.steps = 0
         print(f"loaded {args.init_from}: only the polish steps run")
     else:
-        words = args.word_tokenizer
-        tokenizer = vlmkit.build_tokenizer(tokenizer_corpus(300 if args.smoke else 4000, role_words=words),
-                                           vocab_size=1024 if words else 512, split_digits=words)
+        tokenizer = shapes_tokenizer(args.smoke, args.word_tokenizer)
         model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}")
 

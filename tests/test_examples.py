@@ -371,6 +371,13 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
     for name, value in (("where", torch.tensor([[1.0, 0.0]])), ("place", torch.tensor([[0.5, 0.0]])),
                         ("box_digits", digits[:1]), ("rank", torch.tensor([1]))):
         assert 0.5 < extras[name](value).norm() / name_norm < 2, name
+    # --feature-scale starts the extras smaller; feature_norms tracks the tables against the names' rows
+    assert set(structured.feature_norms()) == {f"norm_{name}" for name in ("total", "colour_count", "kind_count", "size",
+                                                                          "rank", "background_type")}
+    small = probe.IdealTower(embed, tiny_tokenizer, features=("total", "where"), feature_scale=0.1)
+    assert 0.7 < structured.feature_norms()["norm_total"] < 1.4
+    assert 0.07 < small.feature_norms()["norm_total"] < 0.14 and list(small.feature_norms()) == ["norm_total"]
+    assert 0.05 < small.extras["where"](torch.tensor([[1.0, 0.0]])).norm() / name_norm < 0.2
     # single attributes and groups mix; each attribute is added once
     assert list(probe.IdealTower(embed, tiny_tokenizer, features=("where",)).extras) == ["where"]
     assert list(probe.IdealTower(embed, tiny_tokenizer, features=("kind_count", "count")).extras) == [
@@ -442,15 +449,22 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
                              "--features", "count,layout", "--tasks", "position,grounding,centre", "--batch-size", "6",
                              "--position-group", "2", "--position-template", "0", "--then", "1:centre,existence",
+                             "--feature-scale", "0.5", "--frozen-features", "--word-tokenizer",
                              "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]
     assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence")
-    # every task of both phases scored
-    assert sorted(log["curve"][0]) == sorted(["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence")
-                                                                              for n in probe.SHAPE_COUNTS])
+    assert (log["feature_scale"], log["frozen_features"], log["word_tokenizer"]) == (0.5, True, True)
+    # every task of both phases scored, and each learned table's norm against the names' rows
+    norms = {key: value for key, value in log["curve"][0].items() if key.startswith("norm_")}
+    assert sorted(set(log["curve"][0]) - set(norms)) == sorted(
+        ["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence")
+                                       for n in probe.SHAPE_COUNTS])
+    assert sorted(norms) == sorted(f"norm_{name}" for name in ("total", "colour_count", "kind_count", "size", "rank",
+                                                               "background_type"))
+    assert all(0.3 < value < 0.8 for value in norms.values()), norms
 
 
 def test_length_sorted_steps_keep_each_steps_samples_and_sort_them_by_processed_length(tiny_tokenizer):

@@ -127,8 +127,10 @@ def tokenizer_corpus(num_samples: int = 4000, role_words: bool = False) -> list[
 
 def shapes_tokenizer(smoke: bool = False, words: bool = False):
     """The BPE tokenizer train_shapes.py trains. `words` (--word-tokenizer): room for 1,024 tokens and
-    the chat template's role lines in the corpus, so that every ShapesWorld word, also as an answer
-    with no space before it, and each role name is one token; digits split as Qwen's are."""
+    the chat template's role lines in the corpus, so that each role name and every ShapesWorld word
+    after a space is one token, and so is an answer of the seven tasks ("purple", which the default
+    spells "p" "urple"); digits split as Qwen's are. The precursors' one-word answers (a kind, a size
+    or a background type, with no space before it) are still spelled in pieces by both."""
     return vlmkit.build_tokenizer(tokenizer_corpus(300 if smoke else 4000, role_words=words),
                                   vocab_size=1024 if words else 512, split_digits=words)
 
@@ -995,9 +997,10 @@ def main() -> None:
     parser.add_argument("--stage1-cache", help="load stage 1's model from this file if it exists, else run stage 1 and "
                                                  "save it there (for stage-2 variants over one stage 1)")
     parser.add_argument("--word-tokenizer", action="store_true",
-                        help="a BPE of up to 1024 tokens that learns the role names too, digits split: every "
-                             "ShapesWorld word, \"user\" and \"assistant\" one token (the default 512 spells "
-                             "\"assistant\" in 8 pieces and \"purple\" in 2), questions about 15%% shorter")
+                        help="a BPE of up to 1024 tokens that learns the role names too, digits split: "
+                             "\"user\", \"assistant\" and the seven tasks' answer words one token each (the "
+                             "default 512 spells \"assistant\" in 8 pieces and \"purple\" in 2), questions about "
+                             "15%% shorter")
     parser.add_argument("--polish-steps", type=int, default=1500,
                         help="after stage 2, this many steps of --polish-tasks in turn on full scenes, at --polish-lr "
                              "(cosine, a fresh optimizer): what the curriculum's last tasks crowded out, relearned")

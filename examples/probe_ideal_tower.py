@@ -41,6 +41,9 @@ learnable, over the `place` feature (each shape cell's offset from the image's c
 
     python examples/probe_ideal_tower.py --features place --tasks centre --then 500:centre,position \
         --position-group 8 --steps 2000 --json centre_then_position.json
+
+train_shapes.py's other precursors are tasks here too: `kind` ("What shape is the red one?") finds
+a shape by its colour, as counting "the red shapes" must.
 """
 
 import argparse
@@ -65,9 +68,11 @@ from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 TASKS = train_shapes.OPENING_TASKS  # train_shapes.py --opening-steps trains these, as this probe does
 SHAPE_COUNTS = (1, 3, 5)  # a position question needs two shapes: its "1" is scored on two-shape scenes
-# --tasks also takes "centre": position relative to the image's centre (`centre_questions`), not an
-# eval task but a precursor that may teach the language model to find one shape and read its place
+# --tasks also takes train_shapes.py's precursors, which are not eval tasks: "centre", position
+# relative to the image's centre (`centre_questions`), which may teach the language model to find one
+# shape and read its place; "kind" ("What shape is the red one?"), which finds a shape by its colour
 CENTRE = train_shapes.CENTRE
+PRECURSORS = train_shapes.PRECURSORS
 # --features takes cell_attributes' names, or a group of them: the groups of train_shapes.py's
 # --structured-heads, so a probe's features are what a structured stage 1 would teach
 FEATURE_GROUPS = {group: train_shapes.STRUCTURED_GROUPS[group] for group in ("count", "layout")}
@@ -209,7 +214,8 @@ def training_samples(step: int, batch_size: int, group: int, shapes: tuple[int, 
                 pending[task] = draw(seed, size)
             samples.append(pending[task].pop(0))
             continue
-        samples.append(make_sample(seed, task=task, **options))
+        samples.append(train_shapes.precursor_samples(task, seed, 1, **options)[0] if task in PRECURSORS
+                       else make_sample(seed, task=task, **options))
     return samples
 
 
@@ -234,7 +240,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--question-first", action="store_true",
                         help="the question before the image in the user turn, so the visual tokens can attend to it")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated image tasks (or {CENTRE}) to train and score, in turn")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated image tasks (or precursors: {', '.join(PRECURSORS)}) to train and score, in turn")
     parser.add_argument("--then", default="", metavar="STEP:TASKS",
                         help="from step STEP on, train these comma-separated tasks instead (a curriculum: "
                              "centre questions first, say, then position); all are scored throughout")
@@ -253,9 +259,9 @@ def main() -> None:
     tasks, features = tuple(args.tasks.split(",")), expand_features(tuple(f for f in args.features.split(",") if f))
     switch_step, later_tasks = (int(args.then.split(":")[0]), tuple(args.then.split(":")[1].split(","))) if args.then else (0, ())
     scored = tuple(dict.fromkeys((*tasks, *later_tasks)))
-    if "motion" in scored or not set(scored) <= {*train_shapes.IMAGE_TASKS, CENTRE}:
-        raise ValueError(f"--tasks and --then take image tasks ({', '.join(train_shapes.IMAGE_TASKS)}) and {CENTRE}, "
-                         f"got {', '.join(scored)}")
+    if "motion" in scored or not set(scored) <= {*train_shapes.IMAGE_TASKS, *PRECURSORS}:
+        raise ValueError(f"--tasks and --then take image tasks ({', '.join(train_shapes.IMAGE_TASKS)}) and precursors "
+                         f"({', '.join(PRECURSORS)}), got {', '.join(scored)}")
     if features and args.tower != "ideal":
         raise ValueError("--features adds to the ideal tower's tokens: use it with --tower ideal")
     torch.set_num_threads(args.threads)
@@ -300,9 +306,9 @@ def main() -> None:
                           for s in samples])
 
     def validation_samples(task: str, n: int) -> list[dict]:
-        if task == CENTRE:
-            return [train_shapes.centre_samples(i, 1, split="validation", difficulty=2, min_shapes=n, max_shapes=n)[0]
-                    for i in range(args.per_count)]
+        if task in PRECURSORS:
+            return [train_shapes.precursor_samples(task, i, 1, split="validation", difficulty=2, min_shapes=n,
+                                                   max_shapes=n)[0] for i in range(args.per_count)]
         return [make_sample(i, task=task, split="validation", difficulty=2, min_shapes=n, max_shapes=n)
                 for i in range(args.per_count)]
 

@@ -425,6 +425,12 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     assert len({(str(s["scene"]), s["query"]["a"]["colour"], s["query"]["a"]["kind"]) for s in centre_qs}) == 8
     a = f"{centre_qs[0]['query']['a']['colour']} {centre_qs[0]['query']['a']['kind']}"
     assert probe.one_template(centre_qs[0], 0)["question"] == f"Where is the {a} relative to the centre of the image?"
+    # the kind precursor: one question per slot, a shape named by its colour, its kind the answer
+    kinds = probe.training_samples(3, 8, 1, (1, 5), ("colour", "kind"))
+    assert [s["task"] for s in kinds] == ["colour", "kind"] * 4
+    for sample in kinds[1::2]:
+        named = [shape for shape in sample["scene"]["shapes"] if shape["colour"] in sample["question"]]
+        assert len(named) == 1 and sample["answer"] == named[0]["kind"], sample["question"]
     logs = {}
     # the second stage1 run loads the stage-1 model the first one cached
     for run, tower in enumerate(("ideal", "stage1", "stage1")):
@@ -448,19 +454,19 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     # structured extras and other tasks; grounding is scored as the mean IoU of greedy boxes
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
                              "--features", "count,layout", "--tasks", "position,grounding,centre", "--batch-size", "6",
-                             "--position-group", "2", "--position-template", "0", "--then", "1:centre,existence",
+                             "--position-group", "2", "--position-template", "0", "--then", "1:centre,existence,kind",
                              "--feature-scale", "0.5", "--frozen-features", "--word-tokenizer",
                              "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]
-    assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence")
+    assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence,kind")
     assert (log["feature_scale"], log["frozen_features"], log["word_tokenizer"]) == (0.5, True, True)
     # every task of both phases scored, and each learned table's norm against the names' rows
     norms = {key: value for key, value in log["curve"][0].items() if key.startswith("norm_")}
     assert sorted(set(log["curve"][0]) - set(norms)) == sorted(
-        ["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence")
+        ["step", "minutes", "loss"] + [f"{task}/{n}" for task in ("position", "grounding", "centre", "existence", "kind")
                                        for n in probe.SHAPE_COUNTS])
     assert sorted(norms) == sorted(f"norm_{name}" for name in ("total", "colour_count", "kind_count", "size", "rank",
                                                                "background_type"))

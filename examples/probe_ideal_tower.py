@@ -264,6 +264,8 @@ def main() -> None:
                          f"({', '.join(PRECURSORS)}), got {', '.join(scored)}")
     if features and args.tower != "ideal":
         raise ValueError("--features adds to the ideal tower's tokens: use it with --tower ideal")
+    if not features and (args.feature_scale != 1.0 or args.frozen_features):
+        raise ValueError("--feature-scale and --frozen-features set the --features extras: name some with --features")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

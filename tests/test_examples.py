@@ -463,6 +463,10 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]
     assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence,kind")
     assert (log["feature_scale"], log["frozen_features"], log["word_tokenizer"]) == (0.5, True, True)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
+                             "--frozen-features"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and "--frozen-features set the --features extras: name some" in result.stderr
     # every task of both phases scored, and each learned table's norm against the names' rows
     norms = {key: value for key, value in log["curve"][0].items() if key.startswith("norm_")}
     assert sorted(set(log["curve"][0]) - set(norms)) == sorted(

@@ -23,7 +23,6 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import train_shapes  # noqa: E402
 
-import vlmkit  # noqa: E402
 from vlmkit.training import VLMKitDataCollator, per_sample_loss  # noqa: E402
 
 
@@ -64,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    tokenizer = vlmkit.build_tokenizer(train_shapes.tokenizer_corpus(4000), vocab_size=512)
+    tokenizer = train_shapes.shapes_tokenizer()
     model, processor = train_shapes.build_model_and_processor(tokenizer, smoke=False)
     model.config.use_cache = False
     model.train()

@@ -384,7 +384,7 @@ def test_ideal_tower_features_add_the_structured_extras_of_each_cell(tiny_tokeni
         "kind_count", "total", "colour_count"]
 
 
-def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_path):
+def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_path, monkeypatch):
     probe = load_example("probe_ideal_tower")
     single, grouped = probe.training_samples(3, 32, 1, (1, 5)), probe.training_samples(3, 32, 8, (1, 5))
     assert [s["task"] for s in single] == [s["task"] for s in grouped] == [probe.TASKS[i % 3] for i in range(32)]
@@ -463,10 +463,6 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]
     assert (log["position_group"], log["position_template"], log["then"]) == (2, 0, "1:centre,existence,kind")
     assert (log["feature_scale"], log["frozen_features"], log["word_tokenizer"]) == (0.5, True, True)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_ideal_tower.py"), "--smoke",
-                             "--frozen-features"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode != 0 and "--frozen-features set the --features extras: name some" in result.stderr
     # every task of both phases scored, and each learned table's norm against the names' rows
     norms = {key: value for key, value in log["curve"][0].items() if key.startswith("norm_")}
     assert sorted(set(log["curve"][0]) - set(norms)) == sorted(
@@ -475,6 +471,10 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
     assert sorted(norms) == sorted(f"norm_{name}" for name in ("total", "colour_count", "kind_count", "size", "rank",
                                                                "background_type"))
     assert all(0.3 < value < 0.8 for value in norms.values()), norms
+    # the extras' options without extras: an error before anything is built
+    monkeypatch.setattr(sys, "argv", ["probe_ideal_tower.py", "--smoke", "--frozen-features"])
+    with pytest.raises(ValueError, match="--feature-scale and --frozen-features set the --features extras: name some"):
+        probe.main()
 
 
 def test_length_sorted_steps_keep_each_steps_samples_and_sort_them_by_processed_length(tiny_tokenizer):

@@ -918,6 +918,45 @@ def test_place_head_regresses_the_offset_from_the_centre_on_shapes_and_zero_on_b
     assert head(tokens).abs().max() <= 1 + 1e-6
 
 
+def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_share(tiny_tokenizer):
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    width = model.config.vision_config.out_hidden_size
+    structured = train_shapes.structured_heads("place,count")
+    heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=structured,
+                                   count_heads="cosine")
+    linear = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=structured)
+    assert {n: type(h).__name__ for n, h in heads.structured.items()} == {
+        "total": "CosineClassHead", "colour_count": "CosineClassHead", "kind_count": "CosineClassHead", "place": "PlaceHead"}
+    assert all(type(linear.structured[n]) is torch.nn.Linear for n in train_shapes.COUNT_HEADS)
+    seeds = [3, 4, 5, 12]
+    pixels, grid, labels = train_shapes.dense_batch(processor, seeds, structured=structured)
+    tokens = model.model.visual(pixels, grid).pooler_output
+    total = heads.structured["total"]
+    # a fixed temperature times the cosine: the token's norm changes nothing, and a token along
+    # count 2's direction scores 2 at the temperature itself
+    torch.testing.assert_close(total(7 * tokens), total(tokens))
+    along = total(3 * total.directions.detach()[2:3])
+    assert along.argmax().item() == 2 and along[0, 2].item() == pytest.approx(train_shapes.COUNT_TEMPERATURE, rel=1e-5)
+    assert total(tokens).abs().max() <= train_shapes.COUNT_TEMPERATURE + 1e-4
+    # the share: the mean cosine of the right count's direction, over the cells the accuracy counts
+    loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
+    loss.backward()
+    assert all(h.directions.grad is not None for h in heads.structured.values())
+    unit = torch.nn.functional.normalize
+    shape = labels[:, 0] < len(KINDS)
+    for i, name in enumerate(train_shapes.COUNT_HEADS):
+        column = labels[:, 3 + i]
+        cells = (column >= 0) if name == "total" else (column >= 0) & shape
+        cosines = unit(tokens, dim=-1) @ unit(heads.structured[name].directions, dim=-1).T  # (N, counts)
+        expected = cosines[cells].gather(1, column[cells][:, None]).mean().item()
+        assert accuracy[f"{name}_share"] == pytest.approx(expected, abs=1e-6), name
+    assert "place_share" not in accuracy and "total_share" not in train_shapes.dense_scores(
+        model.model.visual, linear, pixels, grid, labels)[1]
+    with pytest.raises(ValueError, match="count_heads is 'cos': 'linear' or 'cosine'"):
+        train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=structured, count_heads="cos")
+
+
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):
     from vlmkit.data import TASKS, make_sample
     from vlmkit.data.shapes import DIRECTIONS, video_cell_labels
@@ -990,6 +1029,8 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--init-from", "some/run", "--polish-steps", "0"], "--init-from skips stages 1 and 2: give --polish-steps too"),
     (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
     (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
+    (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
+                                   "--structured-heads place has none: add count")),
     (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")

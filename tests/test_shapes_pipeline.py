@@ -151,7 +151,7 @@ def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(
 def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     cache = tmp_path / "stage1.pt"
 
-    def train(*extra):
+    def train(*extra, cache=cache):
         out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out",
                                  str(out), "--stage1-cache", str(cache), *extra],
@@ -187,4 +187,11 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert palette.returncode != 0
     assert ("recolour share 0.5, seed 0, not --vision-steps 10 --motion-steps 5 at vocab 512 --structured-heads place "
             "--recolour-share 0.0 --seed 0") in palette.stderr
+    # a tower whose counts a linear head read is not one whose counts lean its tokens' direction
+    counted = tmp_path / "counted.pt"
+    linear, _ = train("--structured-heads", "place,count", cache=counted)
+    assert linear.returncode == 0, linear.stderr[-3000:]
+    cosine, _ = train("--structured-heads", "place,count", "--count-heads", "cosine", cache=counted)
+    assert cosine.returncode != 0
+    assert cosine.stderr.rstrip().endswith("--recolour-share 0.5 --seed 0 (count heads linear, not --count-heads cosine)")
 

@@ -939,6 +939,10 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
     along = total(3 * total.directions.detach()[2:3])
     assert along.argmax().item() == 2 and along[0, 2].item() == pytest.approx(train_shapes.COUNT_TEMPERATURE, rel=1e-5)
     assert total(tokens).abs().max() <= train_shapes.COUNT_TEMPERATURE + 1e-4
+    # plus a bias per count, which holds the prior at no cost to the token's direction
+    with torch.no_grad():
+        total.bias.copy_(torch.arange(6.0))
+    torch.testing.assert_close(total(tokens) - torch.arange(6.0), total.temperature * total.cosines(tokens))
     # the share: the mean cosine of the right count's direction, over the cells the accuracy counts
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()

@@ -225,13 +225,16 @@ WORD_HEADS = (*BACKGROUND_WORD_HEADS, "size_word")  # scored by NameHeads agains
 STRUCTURED_CHOICES = (*STRUCTURED_HEADS, "box_digits", "where", "place", *WORD_HEADS)
 COUNT_HEADS = ("total", "colour_count", "kind_count")
 # --count-heads cosine reads them as NameHeads reads the names: the cosine of the token with one learned
-# direction per count, times a fixed temperature (the names' learned one stays near 10). A margin of m
-# nats then needs the token to lean m / 20 or more of its direction toward the right count, so the counts
-# hold a share of every token that the language model can read; a linear head grows its weights instead
-# and leaves their size to chance. Over exact tokens (examples/probe_ideal_tower.py --features count
+# direction per count, times a fixed temperature. A margin of m nats then needs the token to lean about
+# m / (2 x temperature) or more of its direction toward the right count, so the counts hold a share of
+# every token that the language model can read; a linear head grows its weights instead and leaves
+# their size to chance. Over exact tokens (examples/probe_ideal_tower.py --features count
 # --feature-scale 0.1), counts at 0.4-0.6 of a word row's norm took count on 3 and 5 shapes from 53 / 59%
-# to 88 / 84% with colour and existence kept; at a word row's norm they drowned the names.
-COUNT_TEMPERATURE = 10.0
+# to 88 / 84% with colour and existence kept; at a word row's norm they drowned the names. The names'
+# learned temperature stays near 10, where they take 0.39 (kind) and 0.44 (colour) of a shape token's
+# direction; the counts at 10 took 0.24-0.37 each by step 750 and the kinds fell to half their pace.
+# 25 asks for about 0.4 of that.
+COUNT_TEMPERATURE = 25.0
 STRUCTURED_GROUPS = {"count": COUNT_HEADS,
                      "layout": ("size", "rank", "background_type", "box_digits", "where", "place"),
                      "all": STRUCTURED_CHOICES}
@@ -462,11 +465,11 @@ class NameHeads(torch.nn.Module):
 
 class CosineClassHead(torch.nn.Module):
     """Scores classes as a fixed temperature times the cosine of the token with one learned direction
-    per class (COUNT_TEMPERATURE says why), plus a learned bias per class. The bias holds the prior
-    (most shapes are the only one of their colour): without it, the colour and kind counts, which
-    stage 1 barely learns (65-70% of shape tokens, the prior's share), leant every token 0.24-0.26
-    toward the common count's direction by step 250, a share that told nothing, while the kinds
-    fell behind (20% of shape tokens at step 750, against 42% without count heads)."""
+    per class (COUNT_TEMPERATURE says why), plus a learned bias per class, which can hold the prior
+    (most shapes are the only one of their colour) so that the direction need not. It learns at the
+    optimizer's pace, though: at temperature 10, by stage-1 step 250 the colour and kind counts
+    (65-70% right, about the prior) leant shape tokens 0.24 toward their right count's direction with
+    the bias as without it."""
 
     def __init__(self, width: int, classes: int, temperature: float):
         super().__init__()

@@ -551,6 +551,9 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     # "background": background cells told from shapes (with background_word, their type named)
     accuracy = {"kind": hits["kind"][on_shape].float().mean().item(), "colour": hits["colour"][coloured].float().mean().item(),
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
+    # the names' share of a shape token's direction: its cosine with its kind's and colour's word rows
+    for name, cells in (("kind", on_shape), ("colour", coloured)):
+        accuracy[f"{name}_share"] = (logits[name][cells].gather(1, column[name][cells][:, None]) / heads.temperature).mean().item()
     for name in (h for h in STRUCTURED_HEADS if h in structured):  # the scene-wide ones over every cell, the rest over shape cells
         labelled = column[name] >= 0
         cells = labelled if name in ("total", "background_type") else labelled & on_shape

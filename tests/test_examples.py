@@ -625,7 +625,8 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in heads.structured.parameters())
-    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", *train_shapes.STRUCTURED_HEADS, "box_hundreds",
+    assert sorted(accuracy) == sorted(["kind", "colour", "background", "centre", "kind_share", "colour_share",
+                                       *train_shapes.STRUCTURED_HEADS, "box_hundreds",
                                        "where", "place"])
     # one group or one head alone: only its columns and its heads
     assert train_shapes.structured_heads("where,count") == ("total", "colour_count", "kind_count", "where")
@@ -634,7 +635,7 @@ def test_structured_stage_1_labels_every_token_with_cell_attributes(tiny_tokeniz
     heads = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, model.config.vision_config.out_hidden_size,
                                    structured=("kind_count", "where"))
     _, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, few)
-    assert sorted(accuracy) == ["background", "centre", "colour", "kind", "kind_count", "where"]
+    assert sorted(accuracy) == ["background", "centre", "colour", "colour_share", "kind", "kind_count", "kind_share", "where"]
     # place reads where's columns: alone it brings them, with where it shares them
     assert torch.equal(train_shapes.dense_batch(processor, seeds, structured=("place",))[2], labels[:, [0, 1, 2, 21, 22]])
     assert torch.equal(train_shapes.dense_batch(processor, seeds, structured=("where", "place"))[2], labels[:, [0, 1, 2, 21, 22]])
@@ -955,6 +956,11 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
         cosines = unit(tokens, dim=-1) @ unit(heads.structured[name].directions, dim=-1).T  # (N, counts)
         expected = cosines[cells].gather(1, column[cells][:, None]).mean().item()
         assert accuracy[f"{name}_share"] == pytest.approx(expected, abs=1e-6), name
+    # and the names' share: the cosine of a shape token with its kind's word row
+    kind_rows = torch.stack([heads.embed.weight[ids].mean(0) for ids in heads.name_ids["kind"]])  # (kinds, D)
+    kind_cosines = unit(tokens[shape], dim=-1) @ unit(kind_rows, dim=-1).T
+    expected = kind_cosines.gather(1, labels[shape, 0][:, None]).mean().item()
+    assert accuracy["kind_share"] == pytest.approx(expected, abs=1e-6)
     assert "place_share" not in accuracy and "total_share" not in train_shapes.dense_scores(
         model.model.visual, linear, pixels, grid, labels)[1]
     with pytest.raises(ValueError, match="count_heads is 'cos': 'linear' or 'cosine'"):
@@ -995,7 +1001,8 @@ def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokeniz
     loss, accuracy = train_shapes.dense_scores(model.model.visual, heads, pixels, grid, labels)
     loss.backward()
     assert torch.isfinite(loss) and heads.background["motion"].grad is not None
-    assert {"motion", "still", "box_hundreds", "where"} <= set(accuracy) and all(0 <= v <= 1 for v in accuracy.values())
+    assert {"motion", "still", "box_hundreds", "where"} <= set(accuracy)
+    assert all(-1 <= v <= 1 if name.endswith("_share") else 0 <= v <= 1 for name, v in accuracy.items())  # shares are cosines
 
 
 def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monkeypatch):

@@ -85,7 +85,8 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
     after = log["vision_after_stage_2"]
     assert set(after) == {"kind", "colour", "background", "centre", "place", "motion", "still", "kind_heldout_pairs",
-                          "colour_heldout_pairs"} and all(0.0 <= v <= 1.0 for v in after.values())
+                          "colour_heldout_pairs", "kind_share", "colour_share"}
+    assert all(-1.0 <= v <= 1.0 if k.endswith("_share") else 0.0 <= v <= 1.0 for k, v in after.items())  # shares are cosines
     assert log["recolour_share"] == 0.5 and {"kind_heldout_pairs", "colour_heldout_pairs"} <= set(probe)
     assert log["existence_group"] == 4
     # every image sample a conversation: its question, then 2 more about the same image, each answer weighing the

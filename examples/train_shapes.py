@@ -233,8 +233,12 @@ COUNT_HEADS = ("total", "colour_count", "kind_count")
 # to 88 / 84% with colour and existence kept; at a word row's norm they drowned the names. The names'
 # learned temperature stays near 10, where they take 0.39 (kind) and 0.44 (colour) of a shape token's
 # direction; the counts at 10 took 0.24-0.37 each by step 750 and the kinds fell to half their pace.
-# 25 asks for about 0.4 of that.
+# 25 asks for about 0.4 of that. At weight 1 each, the three counts' losses (log 6 each at the start,
+# their gradients scaled by the temperature) held the names back from the first steps: colour 52% of
+# shape tokens at step 250 against 66% at temperature 10 and 78% without count heads. So the three
+# together weigh one name.
 COUNT_TEMPERATURE = 25.0
+COUNT_LOSS_WEIGHT = 1 / 3
 STRUCTURED_GROUPS = {"count": COUNT_HEADS,
                      "layout": ("size", "rank", "background_type", "box_digits", "where", "place"),
                      "all": STRUCTURED_CHOICES}
@@ -525,6 +529,12 @@ def vision_probe(visual, heads, validation: dict) -> dict[str, float]:
     return {k: round(v, 3) for k, v in accuracy.items()}
 
 
+def loss_weight(heads, name: str) -> float:
+    """A stage-1 label's weight in the loss: COUNT_LOSS_WEIGHT for the cosine count heads, else 1."""
+    cosine = name in heads.structured and isinstance(heads.structured[name], CosineClassHead)
+    return COUNT_LOSS_WEIGHT if cosine else 1.0
+
+
 def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Stage 1's loss and accuracies on one batch; `motion` (default: whether the heads have a motion
     head) says whether the labels hold the direction column."""
@@ -538,7 +548,8 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     names = label_names(structured, motion)
     column = {name: labels[:, i] for i, name in enumerate(names)}
     # -100 (a clip's structured labels) is cross_entropy's ignore_index
-    loss = sum(torch.nn.functional.cross_entropy(logits[name], column[name]) for name in names if name != "motion")
+    loss = sum(loss_weight(heads, name) * torch.nn.functional.cross_entropy(logits[name], column[name])
+               for name in names if name != "motion")
     if motion:
         # balanced: the moving shape's tokens (about 4% of a batch) weigh as much as all the still ones,
         # or "still everywhere" is a minimum the head does not leave (0-1% on moving tokens at step 750)

@@ -963,6 +963,17 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
     assert accuracy["kind_share"] == pytest.approx(expected, abs=1e-6)
     assert "place_share" not in accuracy and "total_share" not in train_shapes.dense_scores(
         model.model.visual, linear, pixels, grid, labels)[1]
+    # the three counts' losses together weigh one name's
+    counts_only = train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=train_shapes.COUNT_HEADS,
+                                         count_heads="cosine")
+    _, _, count_labels = train_shapes.dense_batch(processor, seeds, structured=train_shapes.COUNT_HEADS)
+    loss = train_shapes.dense_scores(model.model.visual, counts_only, pixels, grid, count_labels)[0]
+    logits = counts_only(tokens)
+    ce = torch.nn.functional.cross_entropy
+    names = ce(logits["kind"], count_labels[:, 0]) + ce(logits["colour"], count_labels[:, 1]) + ce(logits["centre"], count_labels[:, 2])
+    counts = sum(ce(logits[n], count_labels[:, 3 + i]) for i, n in enumerate(train_shapes.COUNT_HEADS))
+    assert train_shapes.COUNT_LOSS_WEIGHT == pytest.approx(1 / 3)
+    torch.testing.assert_close(loss, names + counts / 3, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="count_heads is 'cos': 'linear' or 'cosine'"):
         train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=structured, count_heads="cos")
 

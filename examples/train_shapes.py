@@ -1189,8 +1189,10 @@ def main() -> None:
                                    centre_first=args.centre_first,
                                    centre_mixed=(args.centre_steps if args.centre_mixed else args.centre_mixed_steps) * args.batch_size)
             check = OpeningCheck(collator, opening_end, args.opening_bar, per_task=8 if args.smoke else 64) if checked else None
-            train_language_model(model, collator, stage_2, args, args.text_steps + args.centre_steps + args.opening_steps + args.steps,
-                                 args.lr, args.warmup, args.lr_schedule, curve, *([check] if checked else []))
+            stage_2_steps = args.text_steps + args.centre_steps + args.opening_steps + args.steps
+            if stage_2_steps:  # none: stage 1 alone, e.g. to probe a cached stage 1 (vision_after_stage_2 is then its probe)
+                train_language_model(model, collator, stage_2, args, stage_2_steps,
+                                     args.lr, args.warmup, args.lr_schedule, curve, *([check] if checked else []))
             if check is not None:
                 opening_checks.append({"seed": stage_2_seed, "existence": round(check.score, 3),
                                        "minutes": round((time.time() - start) / 60, 1),

@@ -148,6 +148,18 @@ def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(
             "questions right, below --opening-bar 100%; try another --seed, or more --opening-tries") in result.stderr
 
 
+def test_train_shapes_without_stage_2_steps_skips_stage_2(tmp_path):
+    # no stage-2 steps: stage 2 is skipped (Trainer refuses max_steps 0 over a stream), so a cached stage 1 can be probed alone
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--out", str(out),
+                             "--vision-steps", "0", "--steps", "0", "--opening-steps", "0", "--centre-steps", "0",
+                             "--polish-steps", "0"], capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trained 0 text + 0 centre + 0 opening + 0 + 0 polish steps" in result.stdout
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["curve"] == [] and log["evals"] == [] and log["vision_after_stage_2"] is None
+
+
 @pytest.mark.slow
 def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     cache = tmp_path / "stage1.pt"

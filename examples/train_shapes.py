@@ -537,6 +537,13 @@ def loss_weight(heads, name: str) -> float:
     return COUNT_LOSS_WEIGHT if cosine else 1.0
 
 
+@torch.no_grad()
+def right_class_cosine(logits: torch.Tensor, right: torch.Tensor, temperature, bias=0.0) -> float:
+    """The mean cosine of tokens with their right class's direction (that class's share of the token's
+    direction), read back from cosine-scored logits (N, classes) = temperature x cosine + bias."""
+    return ((logits - bias) / temperature).gather(1, right[:, None]).mean().item()
+
+
 def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Stage 1's loss and accuracies on one batch; `motion` (default: whether the heads have a motion
     head) says whether the labels hold the direction column."""
@@ -566,15 +573,14 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
                 "background": hits["kind"][~on_shape].float().mean().item(), "centre": hits["centre"].float().mean().item()}
     # the names' share of a shape token's direction: its cosine with its kind's and colour's word rows
     for name, cells in (("kind", on_shape), ("colour", coloured)):
-        accuracy[f"{name}_share"] = (logits[name][cells].gather(1, column[name][cells][:, None]) / heads.temperature).mean().item()
+        accuracy[f"{name}_share"] = right_class_cosine(logits[name][cells], column[name][cells], heads.temperature)
     for name in (h for h in STRUCTURED_HEADS if h in structured):  # the scene-wide ones over every cell, the rest over shape cells
         labelled = column[name] >= 0
         cells = labelled if name in ("total", "background_type") else labelled & on_shape
         accuracy[name] = hits[name][cells].float().mean().item()
         head = heads.structured[name]
         if isinstance(head, CosineClassHead):  # the count's share of the token's direction: its cosine with the right count's
-            right = column[name][cells]
-            accuracy[f"{name}_share"] = head.cosines(tokens[cells]).gather(1, right[:, None]).mean().item()
+            accuracy[f"{name}_share"] = right_class_cosine(logits[name][cells], column[name][cells], head.temperature, head.bias)
     for head in heads.background_named_by:
         accuracy["background_word"] = hits[head][~on_shape].float().mean().item()
     if "size_word" in structured:

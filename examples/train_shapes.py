@@ -417,8 +417,9 @@ class NameHeads(torch.nn.Module):
     " up", " down" and a learned "still" vector."""
 
     def __init__(self, embed: torch.nn.Embedding, tokenizer, width: int, structured: tuple[str, ...] = (), motion: bool = False,
-                 count_heads: str = "linear"):
+                 count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT):
         super().__init__()
+        self.count_weight = count_weight  # each cosine count head's loss against a name's (loss_weight)
         self.embed = embed  # the language model's: stage 1 trains the name rows too
         self.structured_names = structured_heads(tuple(structured))
         self.background_named_by = [head for word_head, head in BACKGROUND_WORD_HEADS.items() if word_head in self.structured_names]
@@ -532,9 +533,9 @@ def vision_probe(visual, heads, validation: dict) -> dict[str, float]:
 
 
 def loss_weight(heads, name: str) -> float:
-    """A stage-1 label's weight in the loss: COUNT_LOSS_WEIGHT for the cosine count heads, else 1."""
+    """A stage-1 label's weight in the loss: the heads' count_weight for the cosine count heads, else 1."""
     cosine = name in heads.structured and isinstance(heads.structured[name], CosineClassHead)
-    return COUNT_LOSS_WEIGHT if cosine else 1.0
+    return heads.count_weight if cosine else 1.0
 
 
 @torch.no_grad()
@@ -613,17 +614,17 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int, eval_every: int,
                     structured: tuple[str, ...] = (), motion_steps: int = 0, recolour: float = 0.0,
-                    count_heads: str = "linear") -> tuple[list[dict], NameHeads]:
+                    count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
     those heads' (STRUCTURED_CHOICES); the last `motion_steps`: clips too, and each token's
     direction; `recolour`: that share of the shapes in off-palette fills, kind labelled only;
-    `count_heads`: NameHeads'); returns the curve (loss, and on fixed validation images (and clips, with
+    `count_heads`, `count_weight`: NameHeads'); returns the curve (loss, and on fixed validation images (and clips, with
     motion_steps) the kind / colour accuracy on shape tokens, the direction on moving tokens, and the
     structured heads' accuracies) and the heads."""
     motion = motion_steps > 0
     visual = model.model.visual
     heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                      structured=structured, motion=motion, count_heads=count_heads)
+                      structured=structured, motion=motion, count_heads=count_heads, count_weight=count_weight)
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
@@ -974,6 +975,34 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
     trainer.train()
 
 
+# --stage1-cache: the options that shape stage 1, which a cached one must match; a cache saved before an
+# option was recorded ran at that option's default
+STAGE1_DEFAULTS = {"structured": (), "motion_steps": 0, "recolour_share": 0.0, "seed": 0, "count_heads": "linear",
+                   "count_weight": COUNT_LOSS_WEIGHT}
+
+
+def stage1_options(args, structured: tuple[str, ...], vocab: int) -> dict:
+    """This run's stage-1 options, as a cache records them."""
+    return {"vision_steps": args.vision_steps, "vocab": vocab, "structured": structured, "motion_steps": args.motion_steps,
+            "recolour_share": args.recolour_share, "seed": args.seed, "count_heads": args.count_heads,
+            "count_weight": args.count_weight}
+
+
+def cached_stage1_options(cached: dict) -> dict:
+    """The stage-1 options a cache holds (stage1_options' keys; the vocabulary read off its embeddings)."""
+    held = {"vision_steps": cached["vision_steps"], "vocab": len(cached["model"]["model.language_model.embed_tokens.weight"]),
+            **{name: cached.get(name, default) for name, default in STAGE1_DEFAULTS.items()}}
+    held["structured"] = tuple(held["structured"])
+    return held
+
+
+def stage1_differences(held: dict, wanted: dict) -> str:
+    """Where a cached stage 1's options differ from this run's: "seed 0 (this run: 1), ..."."""
+    def shown(value):
+        return (",".join(value) or "none") if isinstance(value, tuple) else value
+    return ", ".join(f"{name} {shown(held[name])} (this run: {shown(wanted[name])})" for name in wanted if held[name] != wanted[name])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -1020,6 +1049,9 @@ def main() -> None:
                         help="how stage 1 reads --structured-heads' counts (total, colour_count, kind_count): a linear "
                              "head, or the cosine with a learned direction per count at a fixed temperature, which "
                              "makes them a share of every token's direction (COUNT_TEMPERATURE)")
+    parser.add_argument("--count-weight", type=float,
+                        help="with --count-heads cosine, each count's loss against a name's (default COUNT_LOSS_WEIGHT, "
+                             "1/3: the three counts together weigh one name)")
     parser.add_argument("--motion-steps", type=int, default=1000,
                         help="stage 1's last this many steps also show clips (one sample in seven) and teach every "
                              "token which way its shape moves, scored against the direction words (0: stills only)")
@@ -1104,6 +1136,10 @@ def main() -> None:
     if args.count_heads == "cosine" and not set(COUNT_HEADS) & set(structured):
         parser.error(f"--count-heads cosine reads the counts ({', '.join(COUNT_HEADS)}), and --structured-heads "
                      f"{args.structured_heads} has none: add count")
+    if args.count_weight is not None and args.count_heads != "cosine":
+        parser.error(f"--count-weight {args.count_weight} weighs the cosine count heads: add --count-heads cosine")
+    if args.count_weight is None:
+        args.count_weight = COUNT_LOSS_WEIGHT
     if args.opening_tries < 1:
         parser.error(f"--opening-tries is {args.opening_tries}: at least 1")
     if args.smoke:
@@ -1135,24 +1171,14 @@ def main() -> None:
     if from_cache:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
-        cached_vocab, vocab = len(cached["model"]["model.language_model.embed_tokens.weight"]), model.config.text_config.vocab_size
-        cached_structured, cached_motion = tuple(cached.get("structured", ())), cached.get("motion_steps", 0)
-        cached_recolour = cached.get("recolour_share", 0.0)
-        cached_seed = cached.get("seed", 0)  # caches from before the seed was saved: all seed 0
-        cached_count_heads = cached.get("count_heads", "linear")  # and before --count-heads: linear
-        if ((cached["vision_steps"], cached_vocab, cached_structured, cached_motion, cached_recolour, cached_seed,
-             cached_count_heads)
-                != (args.vision_steps, vocab, structured, args.motion_steps, args.recolour_share, args.seed, args.count_heads)):
-            raise ValueError(f"{args.stage1_cache} holds {cached['vision_steps']} stage-1 steps ({cached_motion} with clips) "
-                             f"at vocab {cached_vocab}{' with heads ' + ','.join(cached_structured) if cached_structured else ''}, "
-                             f"recolour share {cached_recolour}, seed {cached_seed}, "
-                             f"not --vision-steps {args.vision_steps} --motion-steps {args.motion_steps} at vocab {vocab}"
-                             f"{' --structured-heads ' + ','.join(structured) if structured else ''}"
-                             f" --recolour-share {args.recolour_share} --seed {args.seed}"
-                             f"{f' (count heads {cached_count_heads}, not --count-heads {args.count_heads})' if cached_count_heads != args.count_heads else ''}")
+        wanted = stage1_options(args, structured, model.config.text_config.vocab_size)
+        held = cached_stage1_options(cached)
+        if held != wanted:
+            raise ValueError(f"{args.stage1_cache} holds another stage 1 than this run's: {stage1_differences(held, wanted)}")
         model.load_state_dict(cached["model"])
         heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=structured, motion=args.motion_steps > 0, count_heads=args.count_heads)
+                          structured=structured, motion=args.motion_steps > 0, count_heads=args.count_heads,
+                          count_weight=args.count_weight)
         heads.load_state_dict(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
@@ -1161,14 +1187,12 @@ def main() -> None:
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every, structured=structured,
                                        motion_steps=args.motion_steps, recolour=args.recolour_share,
-                                       count_heads=args.count_heads)
+                                       count_heads=args.count_heads, count_weight=args.count_weight)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
-                        "vision_steps": args.vision_steps, "structured": structured, "motion_steps": args.motion_steps,
-                        "recolour_share": args.recolour_share, "seed": args.seed, "count_heads": args.count_heads,
-                        "minutes": vision_minutes},
+                        **stage1_options(args, structured, model.config.text_config.vocab_size), "minutes": vision_minutes},
                        args.stage1_cache)
 
     tasks = tuple(args.tasks.split(","))
@@ -1237,7 +1261,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(processor.tokenizer), "batch_size": args.batch_size, "micro_batches": args.micro_batches, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "structured_heads": list(structured), "count_heads": args.count_heads, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share,
+                   "vision_steps": args.vision_steps, "structured_heads": list(structured), "count_heads": args.count_heads, "count_weight": args.count_weight, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "count_group": args.count_group, "followups": args.followups,
                    "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

@@ -974,8 +974,28 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
     counts = sum(ce(logits[n], count_labels[:, 3 + i]) for i, n in enumerate(train_shapes.COUNT_HEADS))
     assert train_shapes.COUNT_LOSS_WEIGHT == pytest.approx(1 / 3)
     torch.testing.assert_close(loss, names + counts / 3, rtol=1e-5, atol=1e-5)
+    counts_only.count_weight = 0.1  # --count-weight
+    torch.testing.assert_close(train_shapes.dense_scores(model.model.visual, counts_only, pixels, grid, count_labels)[0],
+                               names + counts * 0.1, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="count_heads is 'cos': 'linear' or 'cosine'"):
         train_shapes.NameHeads(model.get_input_embeddings(), tiny_tokenizer, width, structured=structured, count_heads="cos")
+
+
+def test_a_cached_stage_1_records_its_options_and_older_caches_read_as_the_defaults():
+    train_shapes = load_example("train_shapes")
+    args = train_shapes.argparse.Namespace(vision_steps=4000, motion_steps=1250, recolour_share=0.5, seed=0,
+                                           count_heads="cosine", count_weight=0.1)
+    wanted = train_shapes.stage1_options(args, ("place", "total"), 512)
+    cache = {"model": {"model.language_model.embed_tokens.weight": torch.zeros(512, 4)}, **wanted}
+    assert train_shapes.cached_stage1_options(cache) == wanted
+    # a cache from before seed, --count-heads and --count-weight were saved (session 39's): their defaults
+    old = {"model": cache["model"], "vision_steps": 4000, "structured": ("place",), "motion_steps": 1250, "recolour_share": 0.5}
+    held = train_shapes.cached_stage1_options(old)
+    assert (held["seed"], held["count_heads"], held["count_weight"]) == (0, "linear", pytest.approx(1 / 3))
+    assert train_shapes.stage1_differences(held, wanted) == (
+        "structured place (this run: place,total), count_heads linear (this run: cosine), "
+        "count_weight 0.3333333333333333 (this run: 0.1)")
+    assert train_shapes.stage1_differences(held, {**held, "structured": ()}) == "structured place (this run: none)"
 
 
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):
@@ -1053,6 +1073,7 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
     (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
                                    "--structured-heads place has none: add count")),
+    (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),
     (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")

@@ -236,9 +236,10 @@ COUNT_HEADS = ("total", "colour_count", "kind_count")
 # 25 asks for about 0.4 of that. At weight 1 each, the three counts' losses (log 6 each at the start,
 # their gradients scaled by the temperature) held the names back from the first steps: colour 52% of
 # shape tokens at step 250 against 66% at temperature 10 and 78% without count heads. So the three
-# together weigh one name. With these, over 4,000 stage-1 steps and the opening, the total was learned
-# and read ("How many shapes?" 97% against 81%), but the kinds ended 14 points behind and existence fell
-# from 90% to 58% (benchmarks/results/shapes_experiments.md, session 43): not in the recipe.
+# together weigh one name (--count-weight sets each one's weight). With these, over 4,000 stage-1
+# steps and the opening, the total was learned and read ("How many shapes?" 97% against 81%), but the
+# kinds ended 14 points behind and existence fell from 90% to 58%
+# (benchmarks/results/shapes_experiments.md, session 43): not in the recipe.
 COUNT_TEMPERATURE = 25.0
 COUNT_LOSS_WEIGHT = 1 / 3
 STRUCTURED_GROUPS = {"count": COUNT_HEADS,

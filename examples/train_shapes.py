@@ -239,7 +239,8 @@ COUNT_HEADS = ("total", "colour_count", "kind_count")
 # together weigh one name (--count-weight sets each one's weight). With these, over 4,000 stage-1
 # steps and the opening, the total was learned and read ("How many shapes?" 97% against 81%), but the
 # kinds ended 14 points behind and existence fell from 90% to 58%
-# (benchmarks/results/shapes_experiments.md, session 43): not in the recipe.
+# (benchmarks/results/shapes_experiments.md, session 43): not in the recipe. The total alone cost the
+# same, at weight 1/3 and at 1/10: existence after the opening 60% (session 44).
 COUNT_TEMPERATURE = 25.0
 COUNT_LOSS_WEIGHT = 1 / 3
 STRUCTURED_GROUPS = {"count": COUNT_HEADS,

@@ -614,19 +614,40 @@ def dense_scores(visual, heads, pixel_values, grid, labels, motion: bool | None 
     return loss, accuracy
 
 
+def continued_heads(heads: NameHeads, saved: dict) -> None:
+    """Load a stage-1 cache's heads into `heads`, which may have more of them (those start fresh); a head
+    the cache has and `heads` lacks, or one of another shape, is an error (stage 1 would drop what it taught)."""
+    mine = heads.state_dict()
+    dropped = sorted(k for k in saved if k not in mine)
+    if dropped:
+        raise ValueError(f"the stage-1 cache has heads this run lacks: {', '.join(dropped)}")
+    reshaped = [f"{k} {tuple(v.shape)} (this run: {tuple(mine[k].shape)})" for k, v in saved.items() if v.shape != mine[k].shape]
+    if reshaped:
+        raise ValueError(f"the stage-1 cache's heads differ in shape: {', '.join(reshaped)}")
+    heads.load_state_dict(saved, strict=False)
+
+
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int, eval_every: int,
                     structured: tuple[str, ...] = (), motion_steps: int = 0, recolour: float = 0.0,
-                    count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT) -> tuple[list[dict], NameHeads]:
+                    count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT,
+                    init: dict | None = None) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
     those heads' (STRUCTURED_CHOICES); the last `motion_steps`: clips too, and each token's
     direction; `recolour`: that share of the shapes in off-palette fills, kind labelled only;
     `count_heads`, `count_weight`: NameHeads'); returns the curve (loss, and on fixed validation images (and clips, with
     motion_steps) the kind / colour accuracy on shape tokens, the direction on moving tokens, and the
-    structured heads' accuracies) and the heads."""
+    structured heads' accuracies) and the heads. With `init` (a stage-1 cache), the model and the heads
+    start as it left them (heads it lacks start fresh; `continued_heads`), the images follow its own,
+    and the curve's steps count on from its last."""
     motion = motion_steps > 0
     visual = model.model.visual
     heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
                       structured=structured, motion=motion, count_heads=count_heads, count_weight=count_weight)
+    first = 0  # the steps already taken: the images and the curve go on after them
+    if init is not None:
+        model.load_state_dict(init["model"])
+        continued_heads(heads, init["heads"])
+        first = init["vision_steps"]
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
@@ -634,7 +655,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     curve, start = [], time.time()
     visual.train()
     for step in range(1, steps + 1):
-        seeds = [seed * 10_000_019 + 7_000_000 + step * batch_size + i for i in range(batch_size)]
+        seeds = [seed * 10_000_019 + 7_000_000 + (first + step) * batch_size + i for i in range(batch_size)]
         clips = step > steps - motion_steps
         batch = dense_batch(processor, seeds, structured=structured, motion=clips, recolour=recolour)
         loss, _ = dense_scores(visual, heads, *batch, motion=clips)
@@ -642,7 +663,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
         if (eval_every and step % eval_every == 0) or step == steps:  # 0: only the end's row, which the log keeps
-            row = {"step": step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
+            row = {"step": first + step, "minutes": round((time.time() - start) / 60, 2), "loss": round(loss.item(), 4),
                    **vision_probe(visual, heads, validation)}
             curve.append(row)
             print(json.dumps({"vision": row}), flush=True)
@@ -980,14 +1001,14 @@ def train_language_model(model, collator, stream, args, steps: int, lr: float, w
 # --stage1-cache: the options that shape stage 1, which a cached one must match; a cache saved before an
 # option was recorded ran at that option's default
 STAGE1_DEFAULTS = {"structured": (), "motion_steps": 0, "recolour_share": 0.0, "seed": 0, "count_heads": "linear",
-                   "count_weight": COUNT_LOSS_WEIGHT}
+                   "count_weight": COUNT_LOSS_WEIGHT, "init": None}
 
 
 def stage1_options(args, structured: tuple[str, ...], vocab: int) -> dict:
     """This run's stage-1 options, as a cache records them."""
     return {"vision_steps": args.vision_steps, "vocab": vocab, "structured": structured, "motion_steps": args.motion_steps,
             "recolour_share": args.recolour_share, "seed": args.seed, "count_heads": args.count_heads,
-            "count_weight": args.count_weight}
+            "count_weight": args.count_weight, "init": args.stage1_init}
 
 
 def cached_stage1_options(cached: dict) -> dict:
@@ -1104,6 +1125,10 @@ def main() -> None:
                              "same image (scene_questions; 0: one question per sample)")
     parser.add_argument("--stage1-cache", help="load stage 1's model from this file if it exists, else run stage 1 and "
                                                  "save it there (for stage-2 variants over one stage 1)")
+    parser.add_argument("--stage1-init", metavar="CACHE",
+                        help="stage 1 goes on from this --stage1-cache file: its tower, merger and heads (heads added "
+                             "by --structured-heads start fresh), then --vision-steps more steps on the images after "
+                             "its own (with --vision-lr's warm-up and cosine anew); the run's stage 1 counts its minutes")
     parser.add_argument("--word-tokenizer", action="store_true",
                         help="a BPE of up to 1024 tokens that learns the role names too, digits split: "
                              "\"user\", \"assistant\" and the seven tasks' answer words one token each (the "
@@ -1142,6 +1167,10 @@ def main() -> None:
         parser.error(f"--count-weight {args.count_weight} weighs the cosine count heads: add --count-heads cosine")
     if args.count_weight is None:
         args.count_weight = COUNT_LOSS_WEIGHT
+    if args.stage1_init and (args.init_from or not args.vision_steps):
+        parser.error(f"--stage1-init {args.stage1_init} goes on with stage 1: give --vision-steps and no --init-from")
+    if args.stage1_init and not os.path.exists(args.stage1_init):
+        parser.error(f"--stage1-init {args.stage1_init}: no such file")
     if args.opening_tries < 1:
         parser.error(f"--opening-tries is {args.opening_tries}: at least 1")
     if args.smoke:
@@ -1186,12 +1215,15 @@ def main() -> None:
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
     elif args.vision_steps:
         vision_start = time.time()
+        init = torch.load(args.stage1_init) if args.stage1_init else None
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every, structured=structured,
                                        motion_steps=args.motion_steps, recolour=args.recolour_share,
-                                       count_heads=args.count_heads, count_weight=args.count_weight)
+                                       count_heads=args.count_heads, count_weight=args.count_weight, init=init)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
+        if init is not None:  # the run's stage 1 is the cache's and these steps together
+            vision_curve, vision_minutes = init["vision_curve"] + vision_curve, init["minutes"] + vision_minutes
         if args.stage1_cache:
             torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "vision_curve": vision_curve,
                         **stage1_options(args, structured, model.config.text_config.vocab_size), "minutes": vision_minutes},

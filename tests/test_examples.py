@@ -1054,6 +1054,57 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     assert {"motion", "still", "kind_heldout_pairs", "colour_heldout_pairs"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
 
 
+def test_stage_1_goes_on_from_a_cache_with_its_heads_and_the_images_after_its_own(tiny_tokenizer, monkeypatch):
+    train_shapes = load_example("train_shapes")
+    model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    _, heads = train_shapes.pretrain_vision(model, processor, steps=2, batch_size=2, lr=1e-3, seed=0, eval_every=0,
+                                            structured=("place",))
+    cache = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "heads": {k: v.clone() for k, v in heads.state_dict().items()}, "vision_steps": 2}
+    real_batch, seeds_seen = train_shapes.dense_batch, []
+
+    def recording_batch(processor, seeds, split="train", **options):
+        seeds_seen.append(list(seeds))
+        return real_batch(processor, seeds, split=split, **options)
+
+    monkeypatch.setattr(train_shapes, "dense_batch", recording_batch)
+    fresh_model, _ = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    loaded = {}
+    real_load = train_shapes.continued_heads
+
+    def recording_load(new_heads, saved):  # the heads as the cache left them, before the first step moves them
+        real_load(new_heads, saved)
+        loaded.update({k: v.clone() for k, v in new_heads.state_dict().items()})
+
+    monkeypatch.setattr(train_shapes, "continued_heads", recording_load)
+    curve, more = train_shapes.pretrain_vision(fresh_model, processor, steps=2, batch_size=2, lr=1e-3, seed=0, eval_every=1,
+                                               structured=("place", "total"), count_heads="cosine", init=cache)
+    # the validation set, then steps 3 and 4 of seed 0's stream: seeds 7,000,000 + step x 2 + i
+    assert seeds_seen[1:] == [[7_000_006, 7_000_007], [7_000_008, 7_000_009]]
+    assert [row["step"] for row in curve] == [3, 4]
+    assert all(torch.equal(loaded[k], v) for k, v in cache["heads"].items())  # place, names, temperature as cached
+    assert "structured.total.directions" in loaded and "structured.total.directions" not in cache["heads"]
+    assert set(more.structured) == {"place", "total"}
+
+
+def test_stage_1_refuses_a_cache_whose_heads_it_would_drop_or_reshape(tiny_tokenizer):
+    train_shapes = load_example("train_shapes")
+    model, _ = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+    embed, width = model.get_input_embeddings(), model.config.vision_config.out_hidden_size
+    counted = train_shapes.NameHeads(embed, tiny_tokenizer, width, structured=("place", "total"), count_heads="cosine")
+    placed = train_shapes.NameHeads(embed, tiny_tokenizer, width, structured=("place",))
+    with pytest.raises(ValueError, match=r"^the stage-1 cache has heads this run lacks: structured\.total\.bias, "
+                                         r"structured\.total\.directions$"):
+        train_shapes.continued_heads(placed, counted.state_dict())
+    linear = train_shapes.NameHeads(embed, tiny_tokenizer, width, structured=("place", "total"))
+    with pytest.raises(ValueError, match=r"lacks: structured\.total\.directions$"):  # a linear head has weight and bias
+        train_shapes.continued_heads(linear, counted.state_dict())
+    wider = train_shapes.NameHeads(embed, tiny_tokenizer, width + 4, structured=("place",))
+    with pytest.raises(ValueError, match=rf"differ in shape: .*structured\.place\.directions \(2, {width}\) "
+                                         rf"\(this run: \(2, {width + 4}\)\)"):
+        train_shapes.continued_heads(wider, placed.state_dict())
+
+
 @pytest.mark.parametrize("eval_every, probed_at", [(0, [3]), (2, [2, 3]), (1, [1, 2, 3])])
 def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, monkeypatch, eval_every, probed_at):
     # --eval-every 0 once probed stage 1 after every step (max(1, 0)), not "none"
@@ -1074,6 +1125,8 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
                                    "--structured-heads place has none: add count")),
     (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),
+    (["--stage1-init", "no/such.pt"], "--stage1-init no/such.pt: no such file"),
+    (["--stage1-init", "some.pt", "--vision-steps", "0"], "--stage1-init some.pt goes on with stage 1: give --vision-steps"),
     (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")

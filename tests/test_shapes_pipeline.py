@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vlmkit.cli import COUNT_VARIANTS, EXISTENCE_CASES, existence_case, format_report
 from vlmkit.data import CAPTION_FIELDS, make_sample
@@ -180,6 +181,15 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert not ran["stage1_from_cache"] and loaded["stage1_from_cache"]
     assert loaded["vision_curve"] == ran["vision_curve"] and loaded["stage1_minutes"] == ran["stage1_minutes"]
     assert loaded["minutes"] >= loaded["stage1_minutes"]  # the cached stage 1 still counts in the run's time
+    # --stage1-init: 10 more smoke steps with count heads after the cached 10; the curve and the minutes go on
+    more = tmp_path / "more.pt"
+    went_on, longer = train("--stage1-init", str(cache), "--structured-heads", "place,count", cache=more)
+    assert went_on.returncode == 0, went_on.stderr[-3000:]
+    longer_log = json.loads((longer / "training_log.json").read_text())
+    assert longer_log["vision_curve"][:len(ran["vision_curve"])] == ran["vision_curve"]
+    assert [row["step"] for row in longer_log["vision_curve"][len(ran["vision_curve"]):]] == [20]
+    assert "total" in longer_log["vision_curve"][-1] and "total" not in ran["vision_curve"][-1]
+    assert torch.load(more)["minutes"] > torch.load(cache)["minutes"] and torch.load(more)["init"] == str(cache)
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
     assert mismatch.stderr.rstrip().endswith("holds another stage 1 than this run's: vocab 512 (this run: 640)")

@@ -647,7 +647,7 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     if init is not None:
         model.load_state_dict(init["model"])
         continued_heads(heads, init["heads"])
-        first = init["vision_steps"]
+        first = init["vision_curve"][-1]["step"]  # its last row is its last step, counting its own init's
     params = [*visual.parameters(), *heads.parameters()]  # heads' parameters include the word embeddings
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)

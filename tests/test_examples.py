@@ -1057,10 +1057,10 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
 def test_stage_1_goes_on_from_a_cache_with_its_heads_and_the_images_after_its_own(tiny_tokenizer, monkeypatch):
     train_shapes = load_example("train_shapes")
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
-    _, heads = train_shapes.pretrain_vision(model, processor, steps=2, batch_size=2, lr=1e-3, seed=0, eval_every=0,
-                                            structured=("place",))
+    cached_curve, heads = train_shapes.pretrain_vision(model, processor, steps=2, batch_size=2, lr=1e-3, seed=0, eval_every=0,
+                                                       structured=("place",))
     cache = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-             "heads": {k: v.clone() for k, v in heads.state_dict().items()}, "vision_steps": 2}
+             "heads": {k: v.clone() for k, v in heads.state_dict().items()}, "vision_curve": cached_curve}
     real_batch, seeds_seen = train_shapes.dense_batch, []
 
     def recording_batch(processor, seeds, split="train", **options):

@@ -190,6 +190,10 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert [row["step"] for row in longer_log["vision_curve"][len(ran["vision_curve"]):]] == [20]
     assert "total" in longer_log["vision_curve"][-1] and "total" not in ran["vision_curve"][-1]
     assert torch.load(more)["minutes"] > torch.load(cache)["minutes"] and torch.load(more)["init"] == str(cache)
+    # and on again from that one: the steps count from its last (20), not from its own 10
+    again_on, further = train("--stage1-init", str(more), "--structured-heads", "place,count", cache=tmp_path / "again.pt")
+    assert again_on.returncode == 0, again_on.stderr[-3000:]
+    assert [row["step"] for row in json.loads((further / "training_log.json").read_text())["vision_curve"]] == [10, 20, 30]
     mismatch, _ = train("--word-tokenizer")  # another tokenizer: another vocabulary than the cached embeddings
     assert mismatch.returncode != 0
     assert mismatch.stderr.rstrip().endswith("holds another stage 1 than this run's: vocab 512 (this run: 640)")

@@ -240,7 +240,9 @@ COUNT_HEADS = ("total", "colour_count", "kind_count")
 # steps and the opening, the total was learned and read ("How many shapes?" 97% against 81%), but the
 # kinds ended 14 points behind and existence fell from 90% to 58%
 # (benchmarks/results/shapes_experiments.md, session 43): not in the recipe. The total alone cost the
-# same, at weight 1/3 and at 1/10: existence after the opening 60% (session 44).
+# same, at weight 1/3 and at 1/10: existence after the opening 60% (session 44). Taught for 1,000 steps
+# after a place-only stage 1 (--stage1-init), the three kept the kinds but still cost existence 13 points
+# against the same steps without them, and count did not rise (session 45).
 COUNT_TEMPERATURE = 25.0
 COUNT_LOSS_WEIGHT = 1 / 3
 STRUCTURED_GROUPS = {"count": COUNT_HEADS,

@@ -984,17 +984,17 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
 def test_a_cached_stage_1_records_its_options_and_older_caches_read_as_the_defaults():
     train_shapes = load_example("train_shapes")
     args = train_shapes.argparse.Namespace(vision_steps=4000, motion_steps=1250, recolour_share=0.5, seed=0,
-                                           count_heads="cosine", count_weight=0.1)
+                                           count_heads="cosine", count_weight=0.1, stage1_init="place.pt")
     wanted = train_shapes.stage1_options(args, ("place", "total"), 512)
     cache = {"model": {"model.language_model.embed_tokens.weight": torch.zeros(512, 4)}, **wanted}
     assert train_shapes.cached_stage1_options(cache) == wanted
-    # a cache from before seed, --count-heads and --count-weight were saved (session 39's): their defaults
+    # a cache from before seed, --count-heads, --count-weight and --stage1-init were saved (session 39's): their defaults
     old = {"model": cache["model"], "vision_steps": 4000, "structured": ("place",), "motion_steps": 1250, "recolour_share": 0.5}
     held = train_shapes.cached_stage1_options(old)
-    assert (held["seed"], held["count_heads"], held["count_weight"]) == (0, "linear", pytest.approx(1 / 3))
+    assert (held["seed"], held["count_heads"], held["count_weight"], held["init"]) == (0, "linear", pytest.approx(1 / 3), None)
     assert train_shapes.stage1_differences(held, wanted) == (
         "structured place (this run: place,total), count_heads linear (this run: cosine), "
-        "count_weight 0.3333333333333333 (this run: 0.1)")
+        "count_weight 0.3333333333333333 (this run: 0.1), init None (this run: place.pt)")
     assert train_shapes.stage1_differences(held, {**held, "structured": ()}) == "structured place (this run: none)"
 
 

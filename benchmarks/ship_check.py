@@ -1,0 +1,89 @@
+"""Does a trained ShapesWorld run replace the shipped model? The rule that sessions have applied by hand.
+
+    python benchmarks/ship_check.py RUN_EVAL.json RUN/training_log.json
+        [--shipped benchmarks/results/default_model_eval_test.json]
+
+RUN_EVAL.json is `vlmkit --model RUN eval --split test --json`. The run ships only if every check holds:
+  (a) training took at most 120 minutes (the issue's budget on this CPU);
+  (b) position, count, caption and grounding IoU are each at least the shipped model's;
+  (c) colour and existence lose at most 2 points, and video direction stays at or above 90%;
+  (d) no held-out gap (seen - held-out accuracy, colour-kind pairs never seen in training) is over
+      max(10 points, the shipped model's gap + 2), the issue's 10 points unless shipped was already over;
+  (e) with a blank image, no task is over its majority rate by more than max(5 points, the shipped
+      model's excess + 2), the issue's 5 points likewise (an excess there is the language prior).
+Prints one line per task and per check, and exits 1 if the run does not ship.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_SHIPPED = Path(__file__).parent / "results" / "default_model_eval_test.json"
+MAX_MINUTES = 120
+MUST_NOT_DROP = ("position", "count", "caption")  # accuracy at least the shipped model's
+MAY_DROP_2_POINTS = ("colour", "existence")
+MIN_MOTION = 0.90
+
+
+def held_out_gap(task):
+    return task["accuracy_seen"] - task["accuracy_heldout"]
+
+
+def blank_lift(task):
+    return task["blank_accuracy"] - task["majority_rate"]
+
+
+def ship_checks(run, shipped, minutes):
+    """(name, passed, detail) for each rule; `run` and `shipped` are `vlmkit eval --json` results."""
+    run_tasks, shipped_tasks = run["tasks"], shipped["tasks"]
+    missing = sorted(set(shipped_tasks) - set(run_tasks))
+    if missing:
+        raise ValueError(f"the run's eval lacks tasks {missing}: evaluate it on the same tasks as the shipped model")
+    checks = [("minutes", minutes <= MAX_MINUTES, f"{minutes:.1f} min (limit {MAX_MINUTES})")]
+    for name in MUST_NOT_DROP:
+        new, old = run_tasks[name]["accuracy"], shipped_tasks[name]["accuracy"]
+        checks.append((name, new >= old, f"{new:.3f} vs shipped {old:.3f}"))
+    new, old = run_tasks["grounding"]["mean_iou"], shipped_tasks["grounding"]["mean_iou"]
+    checks.append(("grounding IoU", new >= old, f"{new:.3f} vs shipped {old:.3f}"))
+    for name in MAY_DROP_2_POINTS:
+        new, old = run_tasks[name]["accuracy"], shipped_tasks[name]["accuracy"]
+        checks.append((name, new >= old - 0.02, f"{new:.3f} vs shipped {old:.3f} (at least {old - 0.02:.3f})"))
+    new = run_tasks["motion"]["accuracy"]
+    checks.append(("motion", new >= MIN_MOTION, f"{new:.3f} (at least {MIN_MOTION})"))
+    for name, task in run_tasks.items():
+        if "accuracy_heldout" in task and name in shipped_tasks:
+            limit = max(0.10, held_out_gap(shipped_tasks[name]) + 0.02)
+            gap = held_out_gap(task)
+            checks.append((f"{name} held-out gap", gap <= limit + 1e-9, f"{gap:+.3f} (at most {limit:+.3f})"))
+    for name, task in run_tasks.items():
+        if name in shipped_tasks:
+            limit = max(0.05, blank_lift(shipped_tasks[name]) + 0.02)
+            lift = blank_lift(task)
+            checks.append((f"{name} blank - majority", lift <= limit + 1e-9, f"{lift:+.3f} (at most {limit:+.3f})"))
+    return checks
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_eval", type=Path, help="`vlmkit --model RUN eval --split test --json` output")
+    parser.add_argument("training_log", type=Path, help="the run's training_log.json (its `minutes`)")
+    parser.add_argument("--shipped", type=Path, default=DEFAULT_SHIPPED)
+    args = parser.parse_args(argv)
+    run, shipped = json.loads(args.run_eval.read_text()), json.loads(args.shipped.read_text())
+    minutes = json.loads(args.training_log.read_text())["minutes"]
+    for name, task in run["tasks"].items():
+        old = shipped["tasks"].get(name, {})
+        print(f"{name:10s} {task['accuracy']:.3f} (seen {task.get('accuracy_seen', float('nan')):.3f}, held-out "
+              f"{task.get('accuracy_heldout', float('nan')):.3f}, blank {task['blank_accuracy']:.3f}, majority "
+              f"{task['majority_rate']:.3f})  shipped {old.get('accuracy', float('nan')):.3f}")
+    checks = ship_checks(run, shipped, minutes)
+    for name, passed, detail in checks:
+        print(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
+    ships = all(passed for _, passed, _ in checks)
+    print("ships" if ships else f"does not ship: {sum(not p for _, p, _ in checks)} check(s) failed")
+    return 0 if ships else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -39,6 +39,10 @@ def blank_lift(task):
 
 def ship_checks(run, shipped, minutes):
     """(name, passed, detail) for each rule; `run` and `shipped` are `vlmkit eval --json` results."""
+    asked = [(e["split"], e["num_samples"]) for e in (run, shipped)]
+    if asked[0] != asked[1]:
+        raise ValueError(f"the run was evaluated on {asked[0][1]} {asked[0][0]} questions and the shipped model on "
+                         f"{asked[1][1]} {asked[1][0]}: compare the same questions (eval --split test --num 2100)")
     run_tasks, shipped_tasks = run["tasks"], shipped["tasks"]
     missing = sorted(set(shipped_tasks) - set(run_tasks))
     if missing:

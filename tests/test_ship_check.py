@@ -61,6 +61,13 @@ def test_a_run_missing_a_task_is_refused(ship_check, shipped):
         ship_check.ship_checks(run, shipped, minutes=60.0)
 
 
+def test_evaluations_of_other_questions_are_refused(ship_check, shipped):
+    run = copy.deepcopy(shipped)
+    run["num_samples"] = 700
+    with pytest.raises(ValueError, match="run was evaluated on 700 test questions and the shipped model on 2100 test"):
+        ship_check.ship_checks(run, shipped, minutes=60.0)
+
+
 def test_main_prints_the_verdict_and_exits_1_when_the_run_does_not_ship(ship_check, shipped, tmp_path, capsys):
     run = copy.deepcopy(shipped)
     run["tasks"]["position"]["accuracy"] -= 0.05

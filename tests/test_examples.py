@@ -1132,3 +1132,19 @@ def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
     result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_train_shapes_defaults_are_the_shipped_models_recipe():
+    # README: the shipped model came from `train_shapes.py --out vlmkit/default_model`, the defaults;
+    # its training log records every option, so a changed default shows here
+    train_shapes = load_example("train_shapes")
+    defaults = vars(train_shapes.build_parser().parse_args(["--out", "run"]))
+    with open(os.path.join(ROOT, "vlmkit", "default_model", "training_log.json")) as handle:
+        log = json.load(handle)
+    # resolved in main(): the cosine count weight, and the opening bar (0 with --smoke)
+    assert defaults["count_weight"] is None and defaults["opening_bar"] is None
+    defaults.update(count_weight=train_shapes.COUNT_LOSS_WEIGHT, opening_bar=0.7,
+                    structured_heads=defaults["structured_heads"].split(","))
+    recorded = sorted(set(defaults) & set(log))
+    assert len(recorded) == 41
+    assert {name: log[name] for name in recorded} == {name: defaults[name] for name in recorded}

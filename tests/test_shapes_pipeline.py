@@ -71,7 +71,9 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     # the defaults: 2 steps of centre questions alone (750 in a full run) after the opening, position as
     # minimal-pair groups, a stage-1 place head
     assert log["centre_steps"] == 2 and log["position_group"] == 8 and log["structured_heads"] == ["place"]
-    assert log["tasks"] == "caption,count,colour,existence,position,grounding,motion,centre"
+    assert log["tasks"] == "caption,count,colour,existence,position,grounding,motion,centre,position,background,kind"
+    # 4 length-sorted micro-batches of one sample each, and no opening check (a 2-step opening cannot pass 0.7)
+    assert log["micro_batches"] == 4 and log["opening_bar"] == 0.0 and log["opening_checks"] == []
     assert [e["step"] for e in log["evals"]] == [10, 20, 28]
     # then 3 polish steps (a fresh schedule and step count), probed at their end
     assert log["polish_steps"] == 3 and log["polish_tasks"] == "existence,centre"
@@ -82,7 +84,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert log["vision_steps"] == 10 and [row["step"] for row in log["vision_curve"]] == [10]
     probe = log["vision_curve"][0]
     assert probe["loss"] > 0 and all(0.0 <= probe[k] <= 1.0 for k in ("kind", "colour", "background", "centre", "motion", "still"))
-    assert log["motion_steps"] == 5  # the default 1,000, cut to half of the smoke run's stage 1
+    assert log["motion_steps"] == 5  # the default 2,250, cut to half of the smoke run's stage 1
     # and the same heads on the same images after stage 2: what the VLM's training left of stage 1
     after = log["vision_after_stage_2"]
     assert set(after) == {"kind", "colour", "background", "centre", "place", "motion", "still", "kind_heldout_pairs",

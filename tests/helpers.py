@@ -3,6 +3,9 @@
 Everything is built locally: no download. The reference is transformers' own Qwen3-VL.
 """
 
+import importlib.util
+import os
+
 import torch
 
 from vlmkit.configuration import tokens_per_temporal_slice
@@ -11,6 +14,15 @@ IMAGE, VIDEO, VSTART, VEND = 251, 252, 253, 254
 PAD = 0
 EOS = 1
 PATCH_WIDTH = 3 * 2 * 4 * 4  # C * T * P * P for the tiny vision config
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(folder: str, name: str):
+    """A script of the repo's examples/ or benchmarks/ (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, folder, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_config_dict(tie_word_embeddings: bool = False, **overrides) -> dict:

@@ -1,4 +1,3 @@
-import importlib.util
 import itertools
 import json
 import os
@@ -10,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import load_script
 from PIL import Image
 from transformers import TrainerCallback
 
@@ -54,10 +54,7 @@ def test_compare_connectors_writes_table_plot_and_json(tmp_path):
 
 
 def load_example(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples", name)
 
 
 def test_probe_question_use_asks_about_each_shape_and_counterfactuals():

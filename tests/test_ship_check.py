@@ -1,20 +1,16 @@
 import copy
-import importlib.util
 import json
 import os
 
 import pytest
+from helpers import ROOT, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED_EVAL = os.path.join(ROOT, "benchmarks", "results", "default_model_eval_test_2100.json")
 
 
 @pytest.fixture(scope="module")
 def ship_check():
-    spec = importlib.util.spec_from_file_location("ship_check", os.path.join(ROOT, "benchmarks", "ship_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks", "ship_check")
 
 
 @pytest.fixture()

@@ -22,7 +22,8 @@ image?", the step before position), then follows a curriculum that starts on sma
 can also give count, colour and existence as scenes described in words; off by default); (4b)
 --polish-steps, a short second run (fresh optimizer, cosine from --polish-lr) over
 --polish-tasks in turn on full scenes, to relearn what the curriculum's last tasks crowded out
-(--init-from DIR runs only this on a saved model); (5) save
+(--init-from DIR runs only this on a saved model; --stage2-cache FILE keeps the model before it, so that
+polish variants over one stage 2 need not repeat stages 1 and 2); (5) save
 model (bf16 safetensors) + processor, and write the learning curves next to them: stage 1's token
 accuracies, the loss, and every --eval-every steps the exact-match rate per task on fixed validation
 questions with the real image and with a blank one (the gap is what the model gets from looking).
@@ -1024,11 +1025,22 @@ def cached_stage1_options(cached: dict) -> dict:
     return held
 
 
-def stage1_differences(held: dict, wanted: dict) -> str:
-    """Where a cached stage 1's options differ from this run's: "seed 0 (this run: 1), ..."."""
+def option_differences(held: dict, wanted: dict) -> str:
+    """Where a cache's options differ from this run's: "seed 0 (this run: 1), ..."."""
     def shown(value):
         return (",".join(value) or "none") if isinstance(value, tuple) else value
-    return ", ".join(f"{name} {shown(held[name])} (this run: {shown(wanted[name])})" for name in wanted if held[name] != wanted[name])
+    return ", ".join(f"{name} {shown(held.get(name))} (this run: {shown(wanted[name])})"
+                     for name in wanted if held.get(name) != wanted[name])
+
+
+# --stage2-cache: every option shapes stages 1 and 2 except these, which only the polish, the files or
+# the caches themselves read; so a cache matches a run that differs from it in the polish alone
+POLISH_ONLY_OPTIONS = ("out", "polish_steps", "polish_lr", "polish_tasks", "stage1_cache", "stage2_cache")
+
+
+def stage2_options(args) -> dict:
+    """This run's options for stages 1 and 2, as a --stage2-cache records them."""
+    return {name: value for name, value in sorted(vars(args).items()) if name not in POLISH_ONLY_OPTIONS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1147,6 +1159,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(cosine, a fresh optimizer): what the curriculum's last tasks crowded out, relearned")
     parser.add_argument("--polish-lr", type=float, default=2e-4)
     parser.add_argument("--polish-tasks", default=",".join(POLISH_TASKS))
+    parser.add_argument("--stage2-cache", help="load the model as stages 1 and 2 left it (before the polish) from this "
+                                                 "file if it exists, else run them and save it there (for polish variants "
+                                                 "over one stage 2; every option but the polish's must match)")
     parser.add_argument("--init-from", help="start from the model and processor a run saved in this folder: stages 1 "
                                             "and 2 skipped, only the --polish-steps run")
     parser.add_argument("--smoke", action="store_true", help="20 steps of a tiny model (the CI check)")
@@ -1186,6 +1201,8 @@ def main() -> None:
         parser.error(f"--stage1-init {args.stage1_init} goes on with stage 1: give --vision-steps and no --init-from")
     if args.stage1_init and not os.path.exists(args.stage1_init):
         parser.error(f"--stage1-init {args.stage1_init}: no such file")
+    if args.stage2_cache and args.init_from:
+        parser.error(f"--init-from skips stages 1 and 2, so --stage2-cache {args.stage2_cache} has nothing to save or load")
     if args.opening_tries < 1:
         parser.error(f"--opening-tries is {args.opening_tries}: at least 1")
     if args.smoke:
@@ -1212,23 +1229,41 @@ def main() -> None:
         model, processor = build_model_and_processor(tokenizer, args.smoke)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(processor.tokenizer)}")
 
+    def cached_heads(state: dict | None) -> NameHeads | None:
+        """Stage 1's heads, as a cache saved them (for the probe after stage 2)."""
+        if state is None:
+            return None
+        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
+                          structured=structured, motion=args.motion_steps > 0, count_heads=args.count_heads,
+                          count_weight=args.count_weight)
+        heads.load_state_dict(state)
+        return heads
+
     vision_curve, heads, vision_minutes = [], None, 0.0
-    from_cache = bool(args.vision_steps and args.stage1_cache and os.path.exists(args.stage1_cache))
+    stage_2_cached = torch.load(args.stage2_cache) if args.stage2_cache and os.path.exists(args.stage2_cache) else None
+    if stage_2_cached is not None:
+        # polish variants over the same stages 1 and 2 need not repeat them; the model is as they left it
+        # (float32), so the polish that follows is the one a single run would have trained
+        if stage_2_cached["options"] != stage2_options(args):
+            raise ValueError(f"{args.stage2_cache} holds other stages 1 and 2 than this run's: "
+                             f"{option_differences(stage_2_cached['options'], stage2_options(args))}")
+        model.load_state_dict(stage_2_cached["model"])
+        heads = cached_heads(stage_2_cached["heads"])
+        vision_curve, vision_minutes = stage_2_cached["vision_curve"], stage_2_cached["stage1_minutes"]
+        print(f"stages 1 and 2: loaded from {args.stage2_cache} ({stage_2_cached['minutes']:.1f} min when they ran)")
+    from_cache = bool(stage_2_cached is None and args.vision_steps and args.stage1_cache and os.path.exists(args.stage1_cache))
     if from_cache:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
         wanted = stage1_options(args, structured, model.config.text_config.vocab_size)
         held = cached_stage1_options(cached)
         if held != wanted:
-            raise ValueError(f"{args.stage1_cache} holds another stage 1 than this run's: {stage1_differences(held, wanted)}")
+            raise ValueError(f"{args.stage1_cache} holds another stage 1 than this run's: {option_differences(held, wanted)}")
         model.load_state_dict(cached["model"])
-        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=structured, motion=args.motion_steps > 0, count_heads=args.count_heads,
-                          count_weight=args.count_weight)
-        heads.load_state_dict(cached["heads"])
+        heads = cached_heads(cached["heads"])
         vision_curve, vision_minutes = cached["vision_curve"], cached["minutes"]
         print(f"stage 1 (vision): loaded from {args.stage1_cache} ({vision_minutes:.1f} min when it ran)")
-    elif args.vision_steps:
+    elif args.vision_steps and stage_2_cached is None:
         vision_start = time.time()
         init = torch.load(args.stage1_init) if args.stage1_init else None
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
@@ -1251,7 +1286,10 @@ def main() -> None:
     groups = dict(existence_group=args.existence_group, position_group=args.position_group, centre_group=args.centre_group,
                   count_group=args.count_group)
     stage_2_seed, opening_checks = args.seed, []
-    if not args.init_from:
+    if stage_2_cached is not None:
+        curve.curve, curve.evals = stage_2_cached["curve"], stage_2_cached["evals"]
+        stage_2_seed, opening_checks = stage_2_cached["stage_2_seed"], stage_2_cached["opening_checks"]
+    elif not args.init_from:
         checked = bool(args.opening_bar and args.opening_steps)
         after_stage_1 = copy.deepcopy(model.state_dict()) if checked else None
         opening_end = args.text_steps + args.opening_steps + (args.centre_steps if args.centre_first else 0)
@@ -1285,6 +1323,12 @@ def main() -> None:
                              + ", ".join(f"{c['existence']:.0%} (seed {c['seed']})" for c in opening_checks)
                              + f" of {len(check.samples)} validation questions right, below --opening-bar "
                              f"{args.opening_bar:.0%}; try another --seed, or more --opening-tries")
+        if args.stage2_cache:
+            torch.save({"options": stage2_options(args), "model": model.state_dict(),
+                        "heads": heads.state_dict() if heads is not None else None, "vision_curve": vision_curve,
+                        "stage1_minutes": vision_minutes, "curve": curve.curve, "evals": curve.evals,
+                        "stage_2_seed": stage_2_seed, "opening_checks": opening_checks, "stage1_from_cache": from_cache,
+                        "minutes": (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)}, args.stage2_cache)
     polish = curve.restarted()
     if args.polish_steps:
         # seeds of their own (stage 2's + 1): none of stage 2's scenes again; the opening's phase of a
@@ -1293,7 +1337,10 @@ def main() -> None:
                               opening_samples=args.polish_steps * args.batch_size, opening_tasks=polish_tasks)
         train_language_model(model, collator, stream, args, args.polish_steps, args.polish_lr,
                              max(1, args.polish_steps // 10), "cosine", polish)
-    minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)  # a cached stage 1 still counts
+    # a cached stage 1, or stages 1 and 2, still count
+    minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)
+    if stage_2_cached is not None:
+        minutes += stage_2_cached["minutes"]
     init_log = None
     if args.init_from and os.path.exists(os.path.join(args.init_from, "training_log.json")):
         with open(os.path.join(args.init_from, "training_log.json")) as handle:
@@ -1317,7 +1364,8 @@ def main() -> None:
                    "opening_bar": args.opening_bar, "opening_tries": args.opening_tries, "opening_checks": opening_checks, "stage_2_seed": stage_2_seed,
                    "polish_steps": args.polish_steps, "polish_lr": args.polish_lr, "polish_tasks": args.polish_tasks,
                    "polish_curve": polish.curve, "polish_evals": polish.evals, "init_from": args.init_from, "init_from_log": init_log,
-                   "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": from_cache,
+                   "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": stage_2_cached["stage1_from_cache"] if stage_2_cached else from_cache,
+                   "stage2_from_cache": stage_2_cached is not None,
                    "vision_curve": vision_curve, "vision_after_stage_2": vision_after, "curve": curve.curve, "evals": curve.evals}, handle, indent=1)
     print(f"trained {args.text_steps} text + {args.centre_steps} centre + {args.opening_steps} opening + {args.steps} "
           f"+ {args.polish_steps} polish steps in {minutes:.1f} min; saved to {args.out}")

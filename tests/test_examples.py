@@ -989,10 +989,10 @@ def test_a_cached_stage_1_records_its_options_and_older_caches_read_as_the_defau
     old = {"model": cache["model"], "vision_steps": 4000, "structured": ("place",), "motion_steps": 1250, "recolour_share": 0.5}
     held = train_shapes.cached_stage1_options(old)
     assert (held["seed"], held["count_heads"], held["count_weight"], held["init"]) == (0, "linear", pytest.approx(1 / 3), None)
-    assert train_shapes.stage1_differences(held, wanted) == (
+    assert train_shapes.option_differences(held, wanted) == (
         "structured place (this run: place,total), count_heads linear (this run: cosine), "
         "count_weight 0.3333333333333333 (this run: 0.1), init None (this run: place.pt)")
-    assert train_shapes.stage1_differences(held, {**held, "structured": ()}) == "structured place (this run: none)"
+    assert train_shapes.option_differences(held, {**held, "structured": ()}) == "structured place (this run: none)"
 
 
 def test_motion_stage_1_adds_clips_whose_tokens_learn_the_direction(tiny_tokenizer):

@@ -15,6 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
+def run_train_shapes(*args) -> subprocess.CompletedProcess:
+    """`python examples/train_shapes.py ARGS...` in a process of its own, offline, as a user runs it."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), *map(str, args)],
+                          check=False, capture_output=True, text=True, timeout=600, env=ENV)
+
+
 def test_existence_cases_say_what_the_scene_holds_of_the_named_shape():
     samples = [make_sample(seed, task="existence", split="test") for seed in range(200)]
     cases = [existence_case(s) for s in samples]
@@ -53,12 +59,11 @@ def test_eval_report_says_how_boxes_and_captions_miss():
 
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     out = tmp_path / "shapes"
-    train = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(out),
-                            "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
-                            "--opening-steps", "2", "--lr-schedule", "constant_with_warmup", "--text-every", "4",
-                            "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3",
-                            "--frame-difference-lr-scale", "1", "--polish-steps", "3", "--polish-tasks", "existence,centre"],
-                           capture_output=True, text=True, timeout=600, env=ENV)
+    train = run_train_shapes("--smoke", "--out", out,
+                             "--existence-group", "4", "--followups", "2", "--loss", "answer", "--word-tokenizer",
+                             "--opening-steps", "2", "--lr-schedule", "constant_with_warmup", "--text-every", "4",
+                             "--vision-lr-scale", "0.3", "--deepstack-lr-scale", "0.3",
+                             "--frame-difference-lr-scale", "1", "--polish-steps", "3", "--polish-tasks", "existence,centre")
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
@@ -129,8 +134,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
 
     # --init-from: more polish steps on the saved run, nothing else; its log keeps the first run's
     polished = tmp_path / "polished"
-    again = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out", str(polished),
-                            "--init-from", str(out), "--polish-steps", "2"], capture_output=True, text=True, timeout=600, env=ENV)
+    again = run_train_shapes("--smoke", "--out", polished, "--init-from", out, "--polish-steps", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((polished / "training_log.json").read_text())
     assert second["init_from"] == str(out) and second["init_from_log"]["polish_steps"] == 3
@@ -140,9 +144,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
 
 def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(tmp_path):
     # no 6-step tiny model answers all 8 existence questions: both openings miss the bar
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out",
-                             str(tmp_path / "run"), "--opening-bar", "1", "--opening-tries", "2", "--seed", "3"],
-                            capture_output=True, text=True, timeout=600, env=ENV)
+    result = run_train_shapes("--smoke", "--out", tmp_path / "run", "--opening-bar", "1", "--opening-tries", "2", "--seed", "3")
     assert result.returncode != 0 and not (tmp_path / "run").exists()
     checks = [json.loads(line)["opening_check"] for line in result.stdout.splitlines() if line.startswith('{"opening_check"')]
     assert [(c["step"], c["questions"], c["bar"]) for c in checks] == [(6, 8, 1.0)] * 2  # 4 text + 2 opening steps
@@ -154,9 +156,8 @@ def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(
 def test_train_shapes_without_stage_2_steps_skips_stage_2(tmp_path):
     # no stage-2 steps: stage 2 is skipped (Trainer refuses max_steps 0 over a stream), so a cached stage 1 can be probed alone
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--out", str(out),
-                             "--vision-steps", "0", "--steps", "0", "--opening-steps", "0", "--centre-steps", "0",
-                             "--polish-steps", "0"], capture_output=True, text=True, timeout=600, env=ENV)
+    result = run_train_shapes("--out", out, "--vision-steps", "0", "--steps", "0", "--opening-steps", "0",
+                              "--centre-steps", "0", "--polish-steps", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained 0 text + 0 centre + 0 opening + 0 + 0 polish steps" in result.stdout
     log = json.loads((out / "training_log.json").read_text())
@@ -169,10 +170,7 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
 
     def train(*extra, cache=cache):
         out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
-        result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), "--smoke", "--out",
-                                 str(out), "--stage1-cache", str(cache), *extra],
-                                capture_output=True, text=True, timeout=600, env=ENV)
-        return result, out
+        return run_train_shapes("--smoke", "--out", out, "--stage1-cache", cache, *extra), out
 
     first, out = train()
     assert first.returncode == 0, first.stderr[-3000:]
@@ -219,3 +217,38 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     assert cosine.returncode != 0
     assert cosine.stderr.rstrip().endswith(": count_heads linear (this run: cosine)")
 
+
+
+@pytest.mark.slow
+def test_train_shapes_stage2_cache_gives_the_polish_a_single_run_would_train(tmp_path):
+    cache = tmp_path / "stage2.pt"
+
+    def train(name, *extra):
+        out = tmp_path / name
+        return run_train_shapes("--smoke", "--out", out, "--stage2-cache", cache, *extra), out
+
+    first, ran = train("ran")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert cache.exists() and "stage 1 (vision): 10 steps" in first.stdout
+    second, loaded = train("loaded")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "stages 1 and 2: loaded from" in second.stdout and "stage 1 (vision)" not in second.stdout
+    ran_log, loaded_log = (json.loads((path / "training_log.json").read_text()) for path in (ran, loaded))
+    assert not ran_log["stage2_from_cache"] and loaded_log["stage2_from_cache"]
+    for name in ("vision_curve", "stage1_minutes", "curve", "evals", "stage_2_seed", "opening_checks", "vision_after_stage_2"):
+        assert loaded_log[name] == ran_log[name], name
+    # the polish over the cached model is the single run's, to the bit
+    assert len(ran_log["polish_curve"]) == 3
+    assert [(row["step"], row["loss"]) for row in loaded_log["polish_curve"]] == \
+        [(row["step"], row["loss"]) for row in ran_log["polish_curve"]]
+    assert (loaded / "model.safetensors").read_bytes() == (ran / "model.safetensors").read_bytes()
+    assert loaded_log["minutes"] >= torch.load(cache)["minutes"] > 0  # stages 1 and 2 still count in the run's time
+    # another polish over the same stages 1 and 2 matches the cache; any other option does not
+    other, polished = train("other", "--polish-steps", "2", "--polish-lr", "1e-4")
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert json.loads((polished / "training_log.json").read_text())["polish_steps"] == 2
+    seeded, _ = train("seeded", "--seed", "1")
+    assert seeded.returncode != 0
+    assert seeded.stderr.rstrip().endswith("holds other stages 1 and 2 than this run's: seed 0 (this run: 1)")
+    both, _ = train("both", "--init-from", str(ran), "--polish-steps", "1")
+    assert both.returncode == 2 and "--stage2-cache" in both.stderr and "has nothing to save or load" in both.stderr

@@ -1124,7 +1124,9 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),
     (["--stage1-init", "no/such.pt"], "--stage1-init no/such.pt: no such file"),
     (["--stage1-init", "some.pt", "--vision-steps", "0"], "--stage1-init some.pt goes on with stage 1: give --vision-steps"),
-    (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches")])
+    (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches"),
+    (["--stage2-cache", "s2.pt", "--init-from", "run", "--polish-steps", "1"],
+     "--init-from skips stages 1 and 2, so --stage2-cache s2.pt has nothing to save or load")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
     result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)

@@ -5,6 +5,8 @@ Everything is built locally: no download. The reference is transformers' own Qwe
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -23,6 +25,13 @@ def load_script(folder: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_train_shapes(*args) -> subprocess.CompletedProcess:
+    """`python examples/train_shapes.py ARGS...` in a process of its own, offline, as a user runs it."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), *map(str, args)],
+                          check=False, capture_output=True, text=True, timeout=600, env=env)
 
 
 def tiny_config_dict(tie_word_embeddings: bool = False, **overrides) -> dict:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import load_script
+from helpers import load_script, run_train_shapes
 from PIL import Image
 from transformers import TrainerCallback
 
@@ -1128,8 +1128,7 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--stage2-cache", "s2.pt", "--init-from", "run", "--polish-steps", "1"],
      "--init-from skips stages 1 and 2, so --stage2-cache s2.pt has nothing to save or load")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
-    script = os.path.join(os.path.dirname(__file__), "..", "examples", "train_shapes.py")
-    result = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True)
+    result = run_train_shapes("--out", tmp_path, *flags)
     assert result.returncode == 2 and message in result.stderr
 
 

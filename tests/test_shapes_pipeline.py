@@ -7,18 +7,13 @@ import sys
 
 import pytest
 import torch
+from helpers import run_train_shapes
 
 from vlmkit.cli import COUNT_VARIANTS, EXISTENCE_CASES, existence_case, format_report
 from vlmkit.data import CAPTION_FIELDS, make_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-
-
-def run_train_shapes(*args) -> subprocess.CompletedProcess:
-    """`python examples/train_shapes.py ARGS...` in a process of its own, offline, as a user runs it."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), *map(str, args)],
-                          check=False, capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def test_existence_cases_say_what_the_scene_holds_of_the_named_shape():

@@ -1252,6 +1252,12 @@ def main() -> None:
         vision_curve, vision_minutes = stage_2_cached["vision_curve"], stage_2_cached["stage1_minutes"]
         print(f"stages 1 and 2: loaded from {args.stage2_cache} ({stage_2_cached['minutes']:.1f} min when they ran)")
     from_cache = bool(stage_2_cached is None and args.vision_steps and args.stage1_cache and os.path.exists(args.stage1_cache))
+
+    def minutes_so_far() -> float:
+        """This run's minutes, a cached stage 1's or stages 1 and 2's included: they count against the budget."""
+        earlier = vision_minutes if from_cache else stage_2_cached["minutes"] if stage_2_cached is not None else 0.0
+        return (time.time() - start) / 60 + earlier
+
     if from_cache:
         # variants of stage 2 over the same stage 1 (same seed and stage-1 options) need not repeat it
         cached = torch.load(args.stage1_cache)
@@ -1328,7 +1334,7 @@ def main() -> None:
                         "heads": heads.state_dict() if heads is not None else None, "vision_curve": vision_curve,
                         "stage1_minutes": vision_minutes, "curve": curve.curve, "evals": curve.evals,
                         "stage_2_seed": stage_2_seed, "opening_checks": opening_checks, "stage1_from_cache": from_cache,
-                        "minutes": (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)}, args.stage2_cache)
+                        "minutes": minutes_so_far()}, args.stage2_cache)
     polish = curve.restarted()
     if args.polish_steps:
         # seeds of their own (stage 2's + 1): none of stage 2's scenes again; the opening's phase of a
@@ -1337,10 +1343,7 @@ def main() -> None:
                               opening_samples=args.polish_steps * args.batch_size, opening_tasks=polish_tasks)
         train_language_model(model, collator, stream, args, args.polish_steps, args.polish_lr,
                              max(1, args.polish_steps // 10), "cosine", polish)
-    # a cached stage 1, or stages 1 and 2, still count
-    minutes = (time.time() - start) / 60 + (vision_minutes if from_cache else 0.0)
-    if stage_2_cached is not None:
-        minutes += stage_2_cached["minutes"]
+    minutes = minutes_so_far()
     init_log = None
     if args.init_from and os.path.exists(os.path.join(args.init_from, "training_log.json")):
         with open(os.path.join(args.init_from, "training_log.json")) as handle:

@@ -27,11 +27,14 @@ def load_script(folder: str, name: str):
     return module
 
 
+# the environment of a script or CLI run in a process of its own: offline, and only transformers' errors
+OFFLINE_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
 def run_train_shapes(*args) -> subprocess.CompletedProcess:
     """`python examples/train_shapes.py ARGS...` in a process of its own, offline, as a user runs it."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_shapes.py"), *map(str, args)],
-                          check=False, capture_output=True, text=True, timeout=600, env=env)
+                          check=False, capture_output=True, text=True, timeout=600, env=OFFLINE_ENV)
 
 
 def tiny_config_dict(tie_word_embeddings: bool = False, **overrides) -> dict:

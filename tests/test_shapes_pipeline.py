@@ -7,13 +7,12 @@ import sys
 
 import pytest
 import torch
-from helpers import run_train_shapes
+from helpers import OFFLINE_ENV, run_train_shapes
 
 from vlmkit.cli import COUNT_VARIANTS, EXISTENCE_CASES, existence_case, format_report
 from vlmkit.data import CAPTION_FIELDS, make_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
 def test_existence_cases_say_what_the_scene_holds_of_the_named_shape():
@@ -102,7 +101,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
 
     evaluation = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "eval", "--num", "14", "--json",
                                  "--novelty-reference", "300"],
-                                capture_output=True, text=True, timeout=600, env=ENV)
+                                capture_output=True, text=True, timeout=600, env=OFFLINE_ENV)
     assert evaluation.returncode == 0, evaluation.stderr[-3000:]
     report = json.loads(evaluation.stdout)
     assert report["num_samples"] == 14
@@ -123,7 +122,7 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert sum(count["n_by_variant"].values()) == count["n"] and set(count["n_by_variant"]) <= set(COUNT_VARIANTS)
 
     demo = subprocess.run([sys.executable, "-m", "vlmkit.cli", "--model", str(out), "demo"],
-                          capture_output=True, text=True, timeout=600, env=ENV)
+                          capture_output=True, text=True, timeout=600, env=OFFLINE_ENV)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert demo.stdout.count("truth:") == 7 and "correct in" in demo.stdout
 
@@ -211,7 +210,6 @@ def test_train_shapes_stage1_cache_is_saved_reused_and_checked(tmp_path):
     cosine, _ = train("--structured-heads", "place,count", "--count-heads", "cosine", cache=counted)
     assert cosine.returncode != 0
     assert cosine.stderr.rstrip().endswith(": count_heads linear (this run: cosine)")
-
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import load_script, run_train_shapes
+from helpers import OFFLINE_ENV, load_script, run_train_shapes
 from PIL import Image
 from transformers import TrainerCallback
 
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_load_qwen3vl_checkpoint_example_reports_parity():
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "load_qwen3vl_checkpoint.py")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=300, env=OFFLINE_ENV,
     )
     assert result.returncode == 0, result.stderr
     assert "missing=[] unexpected=[]" in result.stdout
@@ -38,7 +38,7 @@ def test_compare_connectors_writes_table_plot_and_json(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "compare_connectors.py"), "--steps", "2", "--batch-size", "2",
          "--eval", "4", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=600, env=OFFLINE_ENV,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "compare_connectors.json").read_text())["rows"]
@@ -304,7 +304,7 @@ def test_probe_text_matching_sorts_truths_and_runs(tmp_path):
     assert {probe.truth_kind(s) for s in validation[3]} == {"yes", "no_both"}  # a 3-shape "no" holds both halves
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "probe_text_matching.py"), "--smoke",
                              "--steps", "4", "--eval-every", "2", "--per-count", "8", "--json", str(tmp_path / "curve.json")],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            capture_output=True, text=True, timeout=300, env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "curve.json").read_text())
     assert log["group"] == 4 and [row["step"] for row in log["curve"]] == [2, 4]
@@ -435,7 +435,7 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
                                  "--tower", tower, "--vision-steps", "2", "--stage1-cache", str(tmp_path / "stage1.pt"),
                                  "--batch-size", "6", "--steps", "2", "--eval-every", "1", "--per-count", "2",
                                  "--json", str(tmp_path / f"{run}.json"), *(["--question-first"] if run == 0 else [])],
-                                capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                                capture_output=True, text=True, timeout=300, env=OFFLINE_ENV)
         assert result.returncode == 0, result.stderr[-3000:]
         assert ('"vision"' in result.stdout) == (run == 1)  # stage 1 trained once
         logs[run] = json.loads((tmp_path / f"{run}.json").read_text())
@@ -454,7 +454,7 @@ def test_probe_ideal_tower_keeps_the_task_mix_with_minimal_pairs_and_runs(tmp_pa
                              "--position-group", "2", "--position-template", "0", "--then", "1:centre,existence,kind",
                              "--feature-scale", "0.5", "--frozen-features", "--word-tokenizer",
                              "--steps", "1", "--eval-every", "1", "--per-count", "2", "--json", str(tmp_path / "f.json")],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            capture_output=True, text=True, timeout=300, env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     log = json.loads((tmp_path / "f.json").read_text())
     assert log["features"] == list(probe.FEATURES) and log["tasks"] == ["position", "grounding", "centre"]

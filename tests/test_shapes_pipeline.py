@@ -4,13 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
 from helpers import OFFLINE_ENV, run_train_shapes
 
 from vlmkit.cli import COUNT_VARIANTS, EXISTENCE_CASES, existence_case, format_report
-from vlmkit.data import CAPTION_FIELDS, make_sample
+from vlmkit.data import CAPTION_FIELDS, HELDOUT_COMBOS, make_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +40,8 @@ def test_eval_report_says_how_boxes_and_captions_miss():
         "grounding": {**entry, "mean_iou": 0.25, "blank_mean_iou": 0.0, "boxes_parsed": 1.0,
                       "median_centre_error": 143.4, "median_size_ratio": 1.15},
         "caption": {**entry, "caption_in_training_set": 0.5, "caption_novelty": 0.5,
-                    "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15)))},
+                    "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15))),
+                    "kind_accuracy_by_pair": {"seen": 0.8367, "heldout": 0.3721}, "n_kind_by_pair": {"seen": 49, "heldout": 43}},
         "count": {**entry, "accuracy_by_variant": {"all": 1.0, "kind": 0.4286}, "n_by_variant": {"all": 3, "kind": 7}},
         "existence": {**entry, "accuracy_by_case": {"present": 0.8182, "colour_and_kind_apart": 0.9348},
                       "n_by_case": {"present": 44, "colour_and_kind_apart": 46}}}}
@@ -48,7 +50,7 @@ def test_eval_report_says_how_boxes_and_captions_miss():
     assert "Count by what the question names (questions): all shapes 100% (3), one kind 43% (7)" in text
     assert "mean IoU 0.250 (blank 0.000); box centres off by 143 / 1000, sides x1.15 (medians)" in text
     assert ("50% of captions occur in training; fields right: background 24%, shape count 65%, size 53%, "
-            "colour 36%, kind 15%") in text
+            "colour 36%, kind 15%; kinds right in colour-kind pairs seen 84% (49 shapes), held out 37% (43 shapes)") in text
 
 
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
@@ -115,7 +117,13 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
         assert abs(weighted / entry["n"] - entry["accuracy"]) <= 1e-3
     assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
     assert 0.0 <= report["tasks"]["grounding"]["boxes_parsed"] <= 1.0
-    assert list(report["tasks"]["caption"]["field_accuracy"]) == list(CAPTION_FIELDS)
+    caption = report["tasks"]["caption"]
+    assert list(caption["field_accuracy"]) == list(CAPTION_FIELDS)
+    # every true shape of the asked captions counted once, as a seen or a held-out colour-kind pair
+    # (eval --num 14 asks captions 0 and 7 of the seen questions and caption 0 of the held-out ones)
+    asked = [make_sample(i, task="caption", split="test") for i in (0, 7)] + [make_sample(0, task="caption", split="test", heldout=True)]
+    pairs = Counter("heldout" if (s["colour"], s["kind"]) in HELDOUT_COMBOS else "seen" for a in asked for s in a["scene"]["shapes"])
+    assert caption["n_kind_by_pair"] == dict(pairs) and pairs["heldout"] >= 1
     existence = report["tasks"]["existence"]
     assert sum(existence["n_by_case"].values()) == existence["n"] and set(existence["n_by_case"]) <= set(EXISTENCE_CASES)
     count = report["tasks"]["count"]

@@ -18,7 +18,9 @@ Two probes on validation scenes, answered greedily:
 - composition: one-shape test scenes of seen and of held-out colour-kind pairs (never in training),
   "What colour is the {kind}?" answered, and the same alignment of their shape tokens. With one
   shape there is nothing to confuse it with: if the tokens still carry the colour's word but the
-  answer is wrong, the language model reads the colour through the kind, not the tower.
+  answer is wrong, the language model reads the colour through the kind, not the tower;
+- and the same scenes captioned from a given start up to the colour word, the shape's own or one
+  that makes a seen pair with its kind: whether the colour word decides the kind written after it.
 """
 
 import argparse
@@ -32,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_shapes import dense_batch, dense_labels, name_token_ids  # noqa: E402  (stage 1's labels and name tokens)
 
 from vlmkit.cli import answer_samples, load  # noqa: E402
-from vlmkit.data import COLOURS, KINDS, make_sample  # noqa: E402
+from vlmkit.data import COLOURS, KINDS, SEEN_COMBOS, as_messages, make_sample  # noqa: E402
 
 
 def two_shape_colour_questions(num_scenes: int) -> list[dict]:
@@ -117,7 +119,43 @@ def probe(model, processor, num_scenes: int = 40) -> dict:
         "visual_tokens_nearest_name": visual_word_alignment(model, processor),
         "one_shape_colour": {name: composition(model, processor, num_scenes, heldout)
                              for name, heldout in (("seen", False), ("held_out", True))},
+        "caption_kind_after_colour": {name: caption_kind_after_colour(model, processor, num_scenes, heldout)
+                                      for name, heldout in (("seen", False), ("held_out", True))},
     }
+
+
+def seen_pair_colour(shape: dict) -> str:
+    """The first palette colour other than the shape's own that makes a seen pair with its kind."""
+    return next(c for c in COLOURS if c != shape["colour"] and (c, shape["kind"]) in SEEN_COMBOS)
+
+
+def caption_kind_after_colour(model, processor, num_scenes: int, heldout: bool) -> dict:
+    """The kind a caption names after its colour word. On the one-shape scenes of
+    `one_shape_colour_questions`, the caption is asked for and its start given up to the colour word
+    ("a large orange"), written two ways: with the shape's own colour, and with another colour that
+    makes a seen pair with its kind. Returns the share of scenes whose next word is the shape's kind,
+    each way. The image is the same: if a held-out pair's kind follows the other colour's word but not
+    its own, the colour word, not the tower's tokens, keeps the language model from writing it."""
+    import torch
+
+    scenes = one_shape_colour_questions(num_scenes, heldout)
+    prompts, images, kinds = [], [], []
+    for sample in scenes:
+        (shape,) = sample["scene"]["shapes"]
+        other = seen_pair_colour(shape)
+        chat = processor.apply_chat_template(as_messages({**sample, "question": "Describe the image."}, include_answer=False),
+                                             add_generation_prompt=True, tokenize=False)
+        prompts += [f"{chat}a {shape['size']} {colour}" for colour in (shape["colour"], other)]
+        images += [sample["image"]] * 2
+        kinds.append(shape["kind"])
+    inputs = processor(text=prompts, images=images, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    next_words = [text.split()[0] if text.split() else "" for text in
+                  processor.post_process_image_text_to_text(out[:, inputs["input_ids"].shape[1]:])]
+    return {"scenes": num_scenes,
+            "own_colour": round(sum(w == k for w, k in zip(next_words[0::2], kinds)) / num_scenes, 3),
+            "seen_pair_colour": round(sum(w == k for w, k in zip(next_words[1::2], kinds)) / num_scenes, 3)}
 
 
 def composition(model, processor, num_scenes: int, heldout: bool) -> dict:
@@ -152,6 +190,9 @@ def main() -> None:
         tokens = entry["tokens_nearest_name"]
         print(f"one shape of a {name.replace('_', '-')} colour-kind pair (test, {entry['scenes']} scenes): colour answered "
               f"{entry['accuracy']:.0%}; its tokens nearest their own colour's word {tokens['colour']:.0%}, kind's {tokens['kind']:.0%}")
+    for name, entry in report["caption_kind_after_colour"].items():
+        print(f"one shape of a {name.replace('_', '-')} pair, caption given up to the colour word ({entry['scenes']} scenes): "
+              f"kind written after its own colour {entry['own_colour']:.0%}, after a seen pair's colour {entry['seen_pair_colour']:.0%}")
 
 
 if __name__ == "__main__":

@@ -81,9 +81,15 @@ def test_probe_question_use_asks_about_each_shape_and_counterfactuals():
         assert len(lone) == 6 and all(len(group) == 1 for group in shapes)
         assert all((g[0]["colour"], g[0]["kind"]) in pairs for g in shapes) and {s["split"] for s in lone} == {"test"}
         assert [(s["question"], s["answer"]) for s in lone] == [(f"What colour is the {g[0]['kind']}?", g[0]["colour"]) for g in shapes]
+    for colour in COLOURS:
+        for kind in KINDS:
+            other = probe.seen_pair_colour({"colour": colour, "kind": kind})
+            assert other != colour and (other, kind) in SEEN_COMBOS
     model, processor = load(None)
     report = probe.probe(model, processor, num_scenes=4)
-    assert set(report["one_shape_colour"]) == {"seen", "held_out"}
+    assert set(report["one_shape_colour"]) == set(report["caption_kind_after_colour"]) == {"seen", "held_out"}
+    for entry in report["caption_kind_after_colour"].values():
+        assert entry["scenes"] == 4 and {4 * entry["own_colour"], 4 * entry["seen_pair_colour"]} <= {0, 1, 2, 3, 4}
     for entry in report["one_shape_colour"].values():
         assert entry["scenes"] == 4 and 0.0 <= entry["accuracy"] <= 1.0
         # one shape a scene, 32 px tokens: a few tokens each, the shipped tower's colour still its own word's

@@ -136,8 +136,6 @@ def caption_kind_after_colour(model, processor, num_scenes: int, heldout: bool) 
     makes a seen pair with its kind. Returns the share of scenes whose next word is the shape's kind,
     each way. The image is the same: if a held-out pair's kind follows the other colour's word but not
     its own, the colour word, not the tower's tokens, keeps the language model from writing it."""
-    import torch
-
     scenes = one_shape_colour_questions(num_scenes, heldout)
     prompts, images, kinds = [], [], []
     for sample in scenes:
@@ -151,8 +149,8 @@ def caption_kind_after_colour(model, processor, num_scenes: int, heldout: bool) 
     inputs = processor(text=prompts, images=images, padding=True, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
-    next_words = [text.split()[0] if text.split() else "" for text in
-                  processor.post_process_image_text_to_text(out[:, inputs["input_ids"].shape[1]:])]
+    next_words = [(text.split() or [""])[0]
+                  for text in processor.post_process_image_text_to_text(out[:, inputs["input_ids"].shape[1]:])]
     return {"scenes": num_scenes,
             "own_colour": round(sum(w == k for w, k in zip(next_words[0::2], kinds)) / num_scenes, 3),
             "seen_pair_colour": round(sum(w == k for w, k in zip(next_words[1::2], kinds)) / num_scenes, 3)}

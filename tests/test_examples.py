@@ -13,8 +13,9 @@ from helpers import OFFLINE_ENV, load_script, run_train_shapes
 from PIL import Image
 from transformers import TrainerCallback
 
+from vlmkit import VLMKitProcessor, default_model_path
 from vlmkit.cli import COUNT_VARIANTS, load
-from vlmkit.data import COLOURS, HELDOUT_COMBOS, KINDS, SEEN_COMBOS
+from vlmkit.data import COLOURS, HELDOUT_COMBOS, KINDS, SEEN_COMBOS, as_messages, make_sample
 from vlmkit.training import VLMKitDataCollator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -543,6 +544,46 @@ def test_micro_batches_train_the_step_a_whole_batch_trains(tiny_tokenizer):
     assert len(losses_whole) == 1 and losses_micro == pytest.approx(losses_whole, rel=1e-4)
     for name, weight in weights_whole.items():
         torch.testing.assert_close(weights_micro[name], weight, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_colour_word_swap_changes_the_inputs_colour_before_each_answer_kind_and_keeps_the_labels(tiny_tokenizer):
+    train_shapes = load_example("train_shapes")
+    processor = VLMKitProcessor.from_pretrained(default_model_path())  # one token per colour
+    collator = VLMKitDataCollator(processor)
+    # captions of 1-5 shapes, and questions whose colour-kind pair is in the question, not the answer
+    samples = [make_sample(seed, task=task) for seed in range(12) for task in ("caption", "existence", "colour")]
+    rows = [{"messages": as_messages(s), "fps": s["fps"]} for s in samples]
+    plain = collator(rows)
+    assert torch.equal(train_shapes.ColourWordSwap(collator, 0.0, 0)(rows)["input_ids"], plain["input_ids"])
+    swapped = train_shapes.ColourWordSwap(collator, 1.0, 0)(rows)
+    assert torch.equal(swapped["labels"], plain["labels"]) and torch.equal(swapped["attention_mask"], plain["attention_mask"])
+    tokenizer, colour_words = processor.tokenizer, {" " + c for c in COLOURS}
+    for row, sample in enumerate(samples):
+        changed = (swapped["input_ids"][row] != plain["input_ids"][row]).nonzero().flatten().tolist()
+        if sample["task"] != "caption":
+            assert changed == [], sample["task"]
+            continue
+        # every shape's colour word, and nothing else, reads another palette colour
+        assert len(changed) == len(sample["scene"]["shapes"]), sample["answer"]
+        for position in changed:
+            before, after = (tokenizer.decode([int(ids[row, position])]) for ids in (plain["input_ids"], swapped["input_ids"]))
+            assert before in colour_words and after in colour_words and before != after
+            assert tokenizer.decode([int(plain["input_ids"][row, position + 1])]).strip() in KINDS
+    # a share swaps about that share of them, each colour to each other colour about equally often
+    halves, palette = train_shapes.ColourWordSwap(collator, 0.5, 1), [tokenizer.convert_tokens_to_ids("Ġ" + c) for c in COLOURS]
+    colour_words_in_captions = sum(len(s["scene"]["shapes"]) for s in samples if s["task"] == "caption")
+    shifts = Counter()
+    for _ in range(20):
+        inputs = halves(rows)["input_ids"]
+        changed = inputs != plain["input_ids"]
+        shifts.update((palette.index(int(a)) - palette.index(int(b))) % len(COLOURS)
+                      for a, b in zip(inputs[changed], plain["input_ids"][changed]))
+    assert 0.45 < shifts.total() / (20 * colour_words_in_captions) < 0.55, (shifts.total(), colour_words_in_captions)
+    assert set(shifts) == set(range(1, len(COLOURS)))
+    assert all(abs(n / shifts.total() - 1 / (len(COLOURS) - 1)) < 0.05 for n in shifts.values()), shifts
+    with pytest.raises(ValueError, match='the tokenizer splits " [a-z]+" into [2-9]'):
+        _, tiny = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
+        train_shapes.ColourWordSwap(VLMKitDataCollator(tiny), 0.5, 0)
 
 
 @pytest.mark.parametrize("tower_scale, deepstack_scale", [(0.0, 1.0), (0.3, 0.3), (0.1, 0.0)])
@@ -1125,6 +1166,7 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--init-from", "some/run", "--polish-steps", "0"], "--init-from skips stages 1 and 2: give --polish-steps too"),
     (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
     (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
+    (["--polish-colour-swap", "-0.1"], "--polish-colour-swap is -0.1, not a share between 0 and 1"),
     (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
                                    "--structured-heads place has none: add count")),
     (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),

@@ -41,7 +41,9 @@ def test_eval_report_says_how_boxes_and_captions_miss():
                       "median_centre_error": 143.4, "median_size_ratio": 1.15},
         "caption": {**entry, "caption_in_training_set": 0.5, "caption_novelty": 0.5,
                     "field_accuracy": dict(zip(CAPTION_FIELDS, (0.24, 0.65, 0.53, 0.36, 0.15))),
-                    "kind_accuracy_by_pair": {"seen": 0.8367, "heldout": 0.3721}, "n_kind_by_pair": {"seen": 49, "heldout": 43}},
+                    "kind_accuracy_by_pair": {"seen": 0.8367, "heldout": 0.3721}, "n_kind_by_pair": {"seen": 49, "heldout": 43},
+                    "kind_accuracy_by_pair_and_shapes": {"seen 1": 0.9, "seen 3": 0.8205, "heldout 1": 0.4419},
+                    "n_kind_by_pair_and_shapes": {"seen 1": 10, "seen 3": 39, "heldout 1": 43}},
         "count": {**entry, "accuracy_by_variant": {"all": 1.0, "kind": 0.4286}, "n_by_variant": {"all": 3, "kind": 7}},
         "existence": {**entry, "accuracy_by_case": {"present": 0.8182, "colour_and_kind_apart": 0.9348},
                       "n_by_case": {"present": 44, "colour_and_kind_apart": 46}}}}
@@ -50,7 +52,8 @@ def test_eval_report_says_how_boxes_and_captions_miss():
     assert "Count by what the question names (questions): all shapes 100% (3), one kind 43% (7)" in text
     assert "mean IoU 0.250 (blank 0.000); box centres off by 143 / 1000, sides x1.15 (medians)" in text
     assert ("50% of captions occur in training; fields right: background 24%, shape count 65%, size 53%, "
-            "colour 36%, kind 15%; kinds right in colour-kind pairs seen 84% (49 shapes), held out 37% (43 shapes)") in text
+            "colour 36%, kind 15%; kinds right in colour-kind pairs seen 84% (49 shapes), held out 37% (43 shapes); "
+            "by pair and shapes in the scene seen 1 90% (10), seen 3 82% (39), held out 1 44% (43)") in text
 
 
 def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
@@ -124,6 +127,13 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     asked = [make_sample(i, task="caption", split="test") for i in (0, 7)] + [make_sample(0, task="caption", split="test", heldout=True)]
     pairs = Counter("heldout" if (s["colour"], s["kind"]) in HELDOUT_COMBOS else "seen" for a in asked for s in a["scene"]["shapes"])
     assert caption["n_kind_by_pair"] == dict(pairs) and pairs["heldout"] >= 1
+    # the same shapes again, each under its pair and its scene's shape count
+    by_scene = Counter(f"{'heldout' if (s['colour'], s['kind']) in HELDOUT_COMBOS else 'seen'} {len(a['scene']['shapes'])}"
+                       for a in asked for s in a["scene"]["shapes"])
+    assert caption["n_kind_by_pair_and_shapes"] == dict(by_scene)
+    for pair, n in pairs.items():
+        weighted = sum(caption["kind_accuracy_by_pair_and_shapes"][key] * by_scene[key] for key in by_scene if key.startswith(pair))
+        assert abs(weighted / n - caption["kind_accuracy_by_pair"][pair]) <= 1e-3
     existence = report["tasks"]["existence"]
     assert sum(existence["n_by_case"].values()) == existence["n"] and set(existence["n_by_case"]) <= set(EXISTENCE_CASES)
     count = report["tasks"]["count"]

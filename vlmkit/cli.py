@@ -168,19 +168,25 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
             entry["caption_novelty"] = round(1 - entry["caption_in_training_set"], 4)
             # where the captions go wrong: the share right of each field (every true shape's size,
             # colour and kind against the predicted shape at its place in the list)
-            fields, kind_hits, pairs = defaultdict(list), [], []
+            fields, kind_hits, pairs, scene_sizes = defaultdict(list), [], [], []
             for s, p, _ in rows:
                 hits_by_field = caption_field_hits(p, s["answer"])
                 for field, field_hits in hits_by_field.items():
                     fields[field] += field_hits
                 kind_hits += hits_by_field["kind"]
-                pairs += ["heldout" if (colour, kind) in HELDOUT_COMBOS else "seen"
-                          for _, colour, kind in parse_caption(s["answer"])[0]]
+                true_shapes = parse_caption(s["answer"])[0]
+                pairs += ["heldout" if (colour, kind) in HELDOUT_COMBOS else "seen" for _, colour, kind in true_shapes]
+                scene_sizes += [len(true_shapes)] * len(true_shapes)
             entry["field_accuracy"] = {f: round(sum(fields[f]) / len(fields[f]), 4) for f in CAPTION_FIELDS}
             # the kind of each true shape, split by whether its colour-kind pair was ever in training: a
             # language model that learned which kinds follow a colour word in the training captions
             # writes a seen pair's kind where the image shows a held-out pair
             entry["kind_accuracy_by_pair"], entry["n_kind_by_pair"] = accuracy_by(kind_hits, pairs, ("seen", "heldout"))
+            # and by the shapes in the scene: in a scene of one shape the colour word names the shape to
+            # describe, in a scene of several it must also bind the kind to the right one of them
+            entry["kind_accuracy_by_pair_and_shapes"], entry["n_kind_by_pair_and_shapes"] = accuracy_by(
+                kind_hits, [f"{pair} {n}" for pair, n in zip(pairs, scene_sizes)],
+                [f"{pair} {n}" for pair in ("seen", "heldout") for n in sorted(set(scene_sizes))])
         report["tasks"][task] = entry
     return report
 
@@ -202,6 +208,10 @@ def format_report(report: dict) -> str:
             notes.append("kinds right in colour-kind pairs " + ", ".join(
                 f"{pair.replace('heldout', 'held out')} {v:.0%} ({e['n_kind_by_pair'][pair]} shapes)"
                 for pair, v in e["kind_accuracy_by_pair"].items()))
+        if "kind_accuracy_by_pair_and_shapes" in e:
+            notes.append("by pair and shapes in the scene " + ", ".join(
+                f"{key.replace('heldout', 'held out')} {v:.0%} ({e['n_kind_by_pair_and_shapes'][key]})"
+                for key, v in e["kind_accuracy_by_pair_and_shapes"].items()))
         cell = lambda k: f"{e[k]:.1%}" if k in e else "-"  # noqa: E731
         lines.append(f"| {task} | {cell('accuracy')} | {cell('accuracy_seen')} | {cell('accuracy_heldout')} | "
                      f"{cell('blank_accuracy')} | {e['majority_rate']:.1%} | {'; '.join(notes)} |")

@@ -125,11 +125,12 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     # every true shape of the asked captions counted once, as a seen or a held-out colour-kind pair
     # (eval --num 14 asks captions 0 and 7 of the seen questions and caption 0 of the held-out ones)
     asked = [make_sample(i, task="caption", split="test") for i in (0, 7)] + [make_sample(0, task="caption", split="test", heldout=True)]
-    pairs = Counter("heldout" if (s["colour"], s["kind"]) in HELDOUT_COMBOS else "seen" for a in asked for s in a["scene"]["shapes"])
+    shape_pairs = [("heldout" if (s["colour"], s["kind"]) in HELDOUT_COMBOS else "seen", len(a["scene"]["shapes"]))
+                   for a in asked for s in a["scene"]["shapes"]]
+    pairs = Counter(pair for pair, _ in shape_pairs)
     assert caption["n_kind_by_pair"] == dict(pairs) and pairs["heldout"] >= 1
     # the same shapes again, each under its pair and its scene's shape count
-    by_scene = Counter(f"{'heldout' if (s['colour'], s['kind']) in HELDOUT_COMBOS else 'seen'} {len(a['scene']['shapes'])}"
-                       for a in asked for s in a["scene"]["shapes"])
+    by_scene = Counter(f"{pair} {n}" for pair, n in shape_pairs)
     assert caption["n_kind_by_pair_and_shapes"] == dict(by_scene)
     for pair, n in pairs.items():
         weighted = sum(caption["kind_accuracy_by_pair_and_shapes"][key] * by_scene[key] for key in by_scene if key.startswith(pair))

@@ -1019,6 +1019,7 @@ class ColourWordSwap:
         if split := {colour: ids for colour, ids in pieces.items() if len(ids) != 1}:
             raise ValueError("colour-word swaps need one token per colour; the tokenizer splits "
                              + ", ".join(f'" {colour}" into {len(ids)}' for colour, ids in split.items()))
+        # processor too: with micro-batches, train_language_model sorts steps by length with collator.processor
         self.collator, self.processor, self.share = collator, collator.processor, share
         self.colour_ids = torch.tensor([ids[0] for ids in pieces.values()])
         self.kind_ids = torch.tensor(sorted({ids[0] for ids in name_token_ids(tokenizer, KINDS)}))

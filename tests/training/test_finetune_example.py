@@ -5,10 +5,11 @@ saved adapter reloads."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
+import tempfile
 
+import psutil
 import pytest
 import torch
 
@@ -17,17 +18,38 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMER
 
 
 def _run(command: list[str], timeout: int) -> str:
-    """Run in a new session, so a hang kills every process it started."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"no result after {timeout} s (a DDP hang?):\n{output[-3000:]}")
+    """Run with its output in a file, and on a hang kill every process it started. torchrun starts each
+    worker in a session of its own, so neither killing torchrun's process group nor waiting for the end of
+    a pipe (which the workers hold open) would stop a hung worker; CI then ran into its own time limit."""
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=ENV)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tree = psutil.Process(process.pid).children(recursive=True) + [psutil.Process(process.pid)]
+            for member in tree:
+                try:
+                    member.kill()
+                except psutil.NoSuchProcess:  # it ended between the listing and the kill
+                    pass
+            psutil.wait_procs(tree, timeout=30)
+            log.seek(0)
+            pytest.fail(f"no result after {timeout} s (a DDP hang?):\n{log.read()[-3000:]}")
+        log.seek(0)
+        output = log.read()
     assert process.returncode == 0, output[-5000:]
     return output
+
+
+def test_a_hang_in_a_worker_of_its_own_session_fails_the_test_and_leaves_no_process(tmp_path):
+    """What torchrun does with a hung worker: a child in a session of its own that keeps the output open."""
+    pid_file = tmp_path / "worker.pid"
+    worker = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    launcher = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True)"
+                ".wait()")
+    with pytest.raises(pytest.fail.Exception, match="no result after 5 s"):
+        _run([sys.executable, "-c", launcher], timeout=5)
+    assert not psutil.pid_exists(int(pid_file.read_text()))
 
 
 @pytest.mark.slow

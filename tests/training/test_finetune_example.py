@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import psutil
 import pytest
@@ -17,39 +18,53 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "finet
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "warning"}
 
 
-def _run(command: list[str], timeout: int) -> str:
+def _run(command: list[str], timeout: int, attempts: int = 1) -> str:
     """Run with its output in a file, and on a hang kill every process it started. torchrun starts each
     worker in a session of its own, so neither killing torchrun's process group nor waiting for the end of
-    a pipe (which the workers hold open) would stop a hung worker; CI then ran into its own time limit."""
-    with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=ENV)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            tree = psutil.Process(process.pid).children(recursive=True) + [psutil.Process(process.pid)]
-            for member in tree:
-                try:
-                    member.kill()
-                except psutil.NoSuchProcess:  # it ended between the listing and the kill
-                    pass
-            psutil.wait_procs(tree, timeout=30)
+    a pipe (which the workers hold open) would stop a hung worker; CI then ran into its own time limit.
+    Two-process runs get a second attempt: one CI run hung in gloo (20 reruns here did not), and a hang
+    that comes back is still a failure."""
+    for attempt in range(1, attempts + 1):
+        with tempfile.TemporaryFile(mode="w+") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=ENV)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_tree(process.pid)
+                log.seek(0)
+                message = f"no result after {timeout} s (a DDP hang?), attempt {attempt} of {attempts}:\n"
+                message += log.read()[-3000:]
+                if attempt == attempts:
+                    pytest.fail(message)
+                warnings.warn(message)
+                continue
             log.seek(0)
-            pytest.fail(f"no result after {timeout} s (a DDP hang?):\n{log.read()[-3000:]}")
-        log.seek(0)
-        output = log.read()
-    assert process.returncode == 0, output[-5000:]
-    return output
+            output = log.read()
+        assert process.returncode == 0, output[-5000:]
+        return output
+
+
+def _kill_tree(pid: int):
+    tree = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:  # it ended between the listing and the kill
+            pass
+    psutil.wait_procs(tree, timeout=30)
 
 
 def test_a_hang_in_a_worker_of_its_own_session_fails_the_test_and_leaves_no_process(tmp_path):
     """What torchrun does with a hung worker: a child in a session of its own that keeps the output open."""
     pid_file = tmp_path / "worker.pid"
-    worker = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    worker = f"import os, time; open({str(pid_file)!r}, 'a').write(f'{{os.getpid()}} '); time.sleep(600)"
     launcher = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True)"
                 ".wait()")
-    with pytest.raises(pytest.fail.Exception, match="no result after 5 s"):
-        _run([sys.executable, "-c", launcher], timeout=5)
-    assert not psutil.pid_exists(int(pid_file.read_text()))
+    with pytest.warns(UserWarning, match="attempt 1 of 2"), pytest.raises(pytest.fail.Exception,
+                                                                          match="no result after 5 s.*attempt 2 of 2"):
+        _run([sys.executable, "-c", launcher], timeout=5, attempts=2)
+    pids = [int(pid) for pid in pid_file.read_text().split()]
+    assert len(pids) == 2 and not any(psutil.pid_exists(pid) for pid in pids), pids
 
 
 @pytest.mark.slow
@@ -58,7 +73,7 @@ def test_two_cpu_processes_with_text_only_and_image_batches_end_with_equal_weigh
     the other none, and LoRA covers the vision tower and connector (DDP with find_unused_parameters=False)."""
     output = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", EXAMPLE,
                    "--output-dir", str(tmp_path), "--max-steps", "10", "--num-train", "20", "--scope", "all",
-                   "--text-only", "alternate", "--batch-size", "1", "--no-progress"], timeout=240)
+                   "--text-only", "alternate", "--batch-size", "1", "--no-progress"], timeout=240, attempts=2)
     checksums = dict(re.findall(r"rank (\d): trainable weights sha256 (\w+)", output))
     assert sorted(checksums) == ["0", "1"] and checksums["0"] == checksums["1"], output[-2000:]
     assert re.search(r"loss \d+\.\d+ -> \d+\.\d+ over 10 steps", output)
@@ -82,7 +97,8 @@ def test_a_per_sample_loss_is_one_batch_mean_over_two_processes_or_accumulated_m
     }
     first_losses = {}
     for name, command in runs.items():
-        output = _run(command + ["--output-dir", str(tmp_path / name.replace(" ", "-"))], timeout=240)
+        output = _run(command + ["--output-dir", str(tmp_path / name.replace(" ", "-"))], timeout=240,
+                      attempts=2 if name == "two processes" else 1)
         first_losses[name] = float(re.search(r"loss (\d+\.\d+) -> ", output).group(1))
     assert first_losses["one batch"] > 1.0
     assert first_losses["accumulated"] == pytest.approx(first_losses["one batch"], abs=2e-4), first_losses

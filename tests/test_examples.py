@@ -569,6 +569,11 @@ def test_colour_word_swap_changes_the_inputs_colour_before_each_answer_kind_and_
             before, after = (tokenizer.decode([int(ids[row, position])]) for ids in (plain["input_ids"], swapped["input_ids"]))
             assert before in colour_words and after in colour_words and before != after
             assert tokenizer.decode([int(plain["input_ids"][row, position + 1])]).strip() in KINDS
+    # with max_pairs, captions of more shapes keep every colour word; the others are swapped as before
+    one_shape = train_shapes.ColourWordSwap(collator, 1.0, 0, max_pairs=1)(rows)["input_ids"] != plain["input_ids"]
+    shapes = [len(s["scene"]["shapes"]) if s["task"] == "caption" else 0 for s in samples]
+    assert 1 in shapes and max(shapes) > 1, shapes
+    assert one_shape.sum(1).tolist() == [int(n == 1) for n in shapes]
     # a share swaps about that share of them, each colour to each other colour about equally often
     halves, palette = train_shapes.ColourWordSwap(collator, 0.5, 1), [tokenizer.convert_tokens_to_ids("Ġ" + c) for c in COLOURS]
     colour_words_in_captions = sum(len(s["scene"]["shapes"]) for s in samples if s["task"] == "caption")
@@ -1167,6 +1172,7 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
     (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
     (["--polish-colour-swap", "-0.1"], "--polish-colour-swap is -0.1, not a share between 0 and 1"),
+    (["--polish-colour-swap-max-shapes", "1"], "--polish-colour-swap-max-shapes is 1: it needs a --polish-colour-swap share"),
     (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
                                    "--structured-heads place has none: add count")),
     (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),

@@ -1198,5 +1198,5 @@ def test_train_shapes_defaults_are_the_shipped_models_recipe():
     defaults.update(count_weight=train_shapes.COUNT_LOSS_WEIGHT, opening_bar=0.7,
                     structured_heads=defaults["structured_heads"].split(","))
     recorded = sorted(set(defaults) & set(log))
-    assert len(recorded) == 41
+    assert len(recorded) == 42
     assert {name: log[name] for name in recorded} == {name: defaults[name] for name in recorded}

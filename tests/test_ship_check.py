@@ -5,7 +5,7 @@ import os
 import pytest
 from helpers import ROOT, load_script
 
-SHIPPED_EVAL = os.path.join(ROOT, "benchmarks", "results", "default_model_eval_test_2100.json")
+SHIPPED_EVAL = os.path.join(ROOT, "benchmarks", "results", "default_model_eval_test_6300.json")
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,11 @@ def test_each_rule_fails_on_its_own(ship_check, shipped):
     tasks["existence"]["accuracy"] -= 0.03  # ... 3 are not
     tasks["motion"]["accuracy"] = 0.89
     tasks["grounding"]["mean_iou"] -= 0.001
-    # (d): shipped colour gap 0.96 - 0.89 = 0.07, so the limit is the 0.10
+    # (d): shipped colour gap 0.967 - 0.880 = 0.087, so the limit is that + 0.02 = 0.107
     tasks["colour"]["accuracy_seen"], tasks["colour"]["accuracy_heldout"] = 1.0, 0.85
-    tasks["position"]["accuracy_heldout"] = tasks["position"]["accuracy_seen"] - 0.10  # limit max(0.10, 0.015 + 0.02)
+    tasks["position"]["accuracy_heldout"] = tasks["position"]["accuracy_seen"] - 0.10  # limit max(0.10, 0.043 + 0.02)
     tasks["existence"]["blank_accuracy"] += 0.06  # (e): limit max(0.05, shipped 0.0 + 0.02)
-    tasks["count"]["blank_accuracy"] += 0.10  # shipped 0.057 under the majority rate, now 0.043 over: allowed
+    tasks["count"]["blank_accuracy"] += 0.06  # shipped 0.013 under the majority rate, now 0.047 over: allowed
     assert failed(ship_check.ship_checks(run, shipped, minutes=121.0)) == [
         "minutes", "count", "grounding IoU", "existence", "motion", "colour held-out gap", "existence blank - majority",
     ]
@@ -60,7 +60,7 @@ def test_a_run_missing_a_task_is_refused(ship_check, shipped):
 def test_evaluations_of_other_questions_are_refused(ship_check, shipped):
     run = copy.deepcopy(shipped)
     run["num_samples"] = 700
-    with pytest.raises(ValueError, match="run was evaluated on 700 test questions and the shipped model on 2100 test"):
+    with pytest.raises(ValueError, match="run was evaluated on 700 test questions and the shipped model on 6300 test"):
         ship_check.ship_checks(run, shipped, minutes=60.0)
 
 
@@ -71,6 +71,6 @@ def test_main_prints_the_verdict_and_exits_1_when_the_run_does_not_ship(ship_che
     (tmp_path / "log.json").write_text(json.dumps({"minutes": 95.5}))
     assert ship_check.main([str(tmp_path / "eval.json"), str(tmp_path / "log.json"), "--shipped", SHIPPED_EVAL]) == 1
     out = capsys.readouterr().out
-    assert "FAIL position: 0.680 vs shipped 0.730" in out
+    assert "FAIL position: 0.702 vs shipped 0.752" in out
     assert "ok   minutes: 95.5 min (limit 120)" in out
     assert out.rstrip().endswith("does not ship: 1 check(s) failed")

@@ -1012,13 +1012,15 @@ class ColourWordSwap:
     (" red" in "a small red star"), another palette colour, drawn uniformly, in the input only: the
     labels keep the true colour, so the model still learns to write it, but the kind after it has to
     come from the image. Without it, a caption's kind follows the colour word it has just written: the
-    shipped model, given a held-out colour-kind pair's own colour word, wrote that kind in 0% of
-    one-shape scenes, and 35% after a seen pair's colour word (probe_question_use.py,
-    caption_kind_after_colour). Each palette colour must be one token after a space.
+    model shipped before session 53, given a held-out colour-kind pair's own colour word, wrote that
+    kind in 0% of one-shape scenes, and 35% after a seen pair's colour word (probe_question_use.py,
+    caption_kind_after_colour); trained with the swaps, the shipped model writes it in 45%. Each
+    palette colour must be one token after a space.
 
     With `max_pairs` > 0, only rows whose answers name at most that many colour-kind pairs (captions
     of at most that many shapes) are swapped: the swaps cost seen pairs' kinds 9-13 points in captions
-    of 2-5 shapes but 3 in one-shape captions, where held-out pairs' kinds gained 23 (session 52)."""
+    of 2-5 shapes but 3 in one-shape captions (session 52). Tried with 1 (session 53), it gave the seen
+    pairs' kinds back and lost most of the held-out pairs' (15% against 38% in scenes of 2-5 shapes)."""
 
     def __init__(self, collator, share: float, seed: int, max_pairs: int = 0):
         tokenizer = collator.processor.tokenizer

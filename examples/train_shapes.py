@@ -1084,7 +1084,7 @@ def option_differences(held: dict, wanted: dict) -> str:
 # --stage2-cache: every option shapes stages 1 and 2 except these, which only the polish, the files or
 # the caches themselves read; so a cache matches a run that differs from it in the polish alone
 POLISH_ONLY_OPTIONS = ("out", "polish_steps", "polish_lr", "polish_tasks", "polish_colour_swap", "polish_colour_swap_max_shapes",
-                       "stage1_cache", "stage2_cache")
+                       "polish_seed", "stage1_cache", "stage2_cache")
 
 
 def stage2_options(args) -> dict:
@@ -1215,6 +1215,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--polish-colour-swap-max-shapes", type=int, default=0,
                         help="swap only in captions of at most this many shapes (rows whose answers name at most "
                              "this many colour-kind pairs; 0: every caption)")
+    parser.add_argument("--polish-seed", type=int, default=None,
+                        help="the polish's scenes and colour swaps (default: stage 2's seed + 1); another seed over "
+                             "the same --stage2-cache measures how far two polishes of one recipe differ")
     parser.add_argument("--stage2-cache", help="load the model as stages 1 and 2 left it (before the polish) from this "
                                                  "file if it exists, else run them and save it there (for polish variants "
                                                  "over one stage 2; every option but the polish's must match)")
@@ -1398,11 +1401,12 @@ def main() -> None:
                         "minutes": minutes_so_far()}, args.stage2_cache)
     polish = curve.restarted()
     if args.polish_steps:
-        # seeds of their own (stage 2's + 1): none of stage 2's scenes again; the opening's phase of a
-        # stream is the tasks in turn on full scenes, which is what the polish is
-        stream = ShapesStream(0, stage_2_seed + 1, args.smoke, tasks, **groups,
+        # seeds of their own (stage 2's + 1 unless --polish-seed): none of stage 2's scenes again; the
+        # opening's phase of a stream is the tasks in turn on full scenes, which is what the polish is
+        polish_seed = stage_2_seed + 1 if args.polish_seed is None else args.polish_seed
+        stream = ShapesStream(0, polish_seed, args.smoke, tasks, **groups,
                               opening_samples=args.polish_steps * args.batch_size, opening_tasks=polish_tasks)
-        polish_collator = (ColourWordSwap(collator, args.polish_colour_swap, stage_2_seed + 1, args.polish_colour_swap_max_shapes)
+        polish_collator = (ColourWordSwap(collator, args.polish_colour_swap, polish_seed, args.polish_colour_swap_max_shapes)
                            if args.polish_colour_swap else collator)
         train_language_model(model, polish_collator, stream, args, args.polish_steps, args.polish_lr,
                              max(1, args.polish_steps // 10), "cosine", polish)
@@ -1429,7 +1433,7 @@ def main() -> None:
                    "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,
                    "opening_bar": args.opening_bar, "opening_tries": args.opening_tries, "opening_checks": opening_checks, "stage_2_seed": stage_2_seed,
                    "polish_steps": args.polish_steps, "polish_lr": args.polish_lr, "polish_tasks": args.polish_tasks, "polish_colour_swap": args.polish_colour_swap,
-                   "polish_colour_swap_max_shapes": args.polish_colour_swap_max_shapes,
+                   "polish_colour_swap_max_shapes": args.polish_colour_swap_max_shapes, "polish_seed": args.polish_seed,
                    "polish_curve": polish.curve, "polish_evals": polish.evals, "init_from": args.init_from, "init_from_log": init_log,
                    "minutes": round(minutes, 1), "stage1_minutes": round(vision_minutes, 1), "stage1_from_cache": stage_2_cached["stage1_from_cache"] if stage_2_cached else from_cache,
                    "stage2_from_cache": stage_2_cached is not None,

@@ -259,6 +259,12 @@ def test_train_shapes_stage2_cache_gives_the_polish_a_single_run_would_train(tmp
     other, polished = train("other", "--polish-steps", "2", "--polish-lr", "1e-4")
     assert other.returncode == 0, other.stderr[-3000:]
     assert json.loads((polished / "training_log.json").read_text())["polish_steps"] == 2
+    # another polish seed: the same stages 1 and 2, other scenes in the polish
+    reseeded, repolished = train("reseeded", "--polish-seed", "7")
+    assert reseeded.returncode == 0, reseeded.stderr[-3000:]
+    reseeded_log = json.loads((repolished / "training_log.json").read_text())
+    assert reseeded_log["stage2_from_cache"] and reseeded_log["polish_seed"] == 7 and ran_log["polish_seed"] is None
+    assert reseeded_log["polish_curve"][0]["loss"] != ran_log["polish_curve"][0]["loss"]
     seeded, _ = train("seeded", "--seed", "1")
     assert seeded.returncode != 0
     assert seeded.stderr.rstrip().endswith("holds other stages 1 and 2 than this run's: seed 0 (this run: 1)")

@@ -1172,7 +1172,8 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--polish-steps", "5", "--polish-tasks", "colour,spelling"], "--polish-tasks spelling are neither ShapesWorld tasks"),
     (["--recolour-share", "1.5"], "--recolour-share is 1.5, not a share between 0 and 1"),
     (["--polish-colour-swap", "-0.1"], "--polish-colour-swap is -0.1, not a share between 0 and 1"),
-    (["--polish-colour-swap-max-shapes", "1"], "--polish-colour-swap-max-shapes is 1: it needs a --polish-colour-swap share"),
+    (["--polish-colour-swap", "0", "--polish-colour-swap-max-shapes", "1"],
+     "--polish-colour-swap-max-shapes is 1: it needs a --polish-colour-swap share"),
     (["--count-heads", "cosine"], ("--count-heads cosine reads the counts (total, colour_count, kind_count), and "
                                    "--structured-heads place has none: add count")),
     (["--count-weight", "0.1"], "--count-weight 0.1 weighs the cosine count heads: add --count-heads cosine"),

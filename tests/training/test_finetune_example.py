@@ -26,26 +26,27 @@ def _run(command: list[str], timeout: int, attempts: int = 1) -> str:
     that comes back is still a failure."""
     for attempt in range(1, attempts + 1):
         with tempfile.TemporaryFile(mode="w+") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=ENV)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
             try:
                 process.wait(timeout=timeout)
+                hung = False
             except subprocess.TimeoutExpired:
                 _kill_tree(process.pid)
-                log.seek(0)
-                message = f"no result after {timeout} s (a DDP hang?), attempt {attempt} of {attempts}:\n"
-                message += log.read()[-3000:]
-                if attempt == attempts:
-                    pytest.fail(message)
-                warnings.warn(message)
-                continue
+                hung = True
             log.seek(0)
             output = log.read()
-        assert process.returncode == 0, output[-5000:]
-        return output
+        if not hung:
+            assert process.returncode == 0, output[-5000:]
+            return output
+        message = f"no result after {timeout} s (a DDP hang?), attempt {attempt} of {attempts}:\n{output[-3000:]}"
+        if attempt == attempts:
+            pytest.fail(message)
+        warnings.warn(message)
 
 
 def _kill_tree(pid: int):
-    tree = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+    root = psutil.Process(pid)
+    tree = root.children(recursive=True) + [root]
     for member in tree:
         try:
             member.kill()

@@ -294,13 +294,14 @@ def dense_samples(seeds: list[int], split: str = "train", motion: bool = False) 
 
 
 def dense_batch(processor, seeds: list[int], split: str = "train", structured: tuple[str, ...] = (), motion: bool = False,
-                recolour: float = 0.0):
+                recolour: float = 0.0, recolour_kinds: dict[str, float] | None = None):
     """`dense_labels` of `dense_samples(seeds)`; with `recolour`, that share of the stills' shapes drawn
-    in off-palette fills (`recoloured`, drawn from a generator seeded by `seeds`)."""
+    in off-palette fills (`recoloured`, drawn from a generator seeded by `seeds`), and with
+    `recolour_kinds`, another share for the kinds it names."""
     samples = dense_samples(seeds, split, motion)
-    if recolour:
+    if recolour or recolour_kinds:
         rng = np.random.default_rng(seeds)
-        samples = [recoloured(s, recolour, rng) if s["video"] is None else s for s in samples]
+        samples = [recoloured(s, recolour, rng, recolour_kinds) if s["video"] is None else s for s in samples]
     return dense_labels(processor, samples, structured, motion)
 
 
@@ -323,11 +324,28 @@ def off_palette_rgb(rng: np.random.Generator) -> tuple[int, int, int]:
     return tuple(int(round(255 * v)) for v in rgb)
 
 
-def recoloured(sample: dict, share: float, rng: np.random.Generator) -> dict:
-    """A still `sample` with each shape, with probability `share`, drawn in an off-palette fill (its
-    "rgb"; `dense_labels` then ignores its colour), and the image redrawn."""
-    shapes = [dict(s, rgb=off_palette_rgb(rng)) if rng.random() < share else s for s in sample["scene"]["shapes"]]
+def recoloured(sample: dict, share: float, rng: np.random.Generator, kinds: dict[str, float] | None = None) -> dict:
+    """A still `sample` with each shape, with probability `share` (or `kinds`' share for its kind), drawn
+    in an off-palette fill (its "rgb"; `dense_labels` then ignores its colour), and the image redrawn."""
+    kinds = kinds or {}
+    shapes = [dict(s, rgb=off_palette_rgb(rng)) if rng.random() < kinds.get(s["kind"], share) else s
+              for s in sample["scene"]["shapes"]]
     return redrawn(sample, shapes) if any("rgb" in s for s in shapes) else sample
+
+
+def kind_shares(spec: str) -> dict[str, float]:
+    """--recolour-kinds "circle=0.9,hexagon=0.9" -> {"circle": 0.9, "hexagon": 0.9} ("" -> {})."""
+    shares = {}
+    for item in filter(None, spec.split(",")):
+        kind, _, share = item.partition("=")
+        try:
+            value = float(share)
+        except ValueError:
+            value = -1.0
+        if kind not in KINDS or not 0 <= value <= 1:
+            raise ValueError(f"{item!r} is not KIND=SHARE with a kind of {', '.join(KINDS)} and a share between 0 and 1")
+        shares[kind] = value
+    return shares
 
 
 def heldout_pair_samples(seeds: list[int]) -> list[dict]:
@@ -638,11 +656,12 @@ def continued_heads(heads: NameHeads, saved: dict) -> None:
 
 def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, seed: int, eval_every: int,
                     structured: tuple[str, ...] = (), motion_steps: int = 0, recolour: float = 0.0,
-                    count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT,
+                    recolour_kinds: dict[str, float] | None = None, count_heads: str = "linear", count_weight: float = COUNT_LOSS_WEIGHT,
                     init: dict | None = None) -> tuple[list[dict], NameHeads]:
     """Stage 1: train the vision tower and its merger on per-token scene labels (`structured`: also
     those heads' (STRUCTURED_CHOICES); the last `motion_steps`: clips too, and each token's
-    direction; `recolour`: that share of the shapes in off-palette fills, kind labelled only;
+    direction; `recolour`: that share of the shapes in off-palette fills, kind labelled only, and
+    `recolour_kinds` that of the kinds it names;
     `count_heads`, `count_weight`: NameHeads'); returns the curve (loss, and on fixed validation images (and clips, with
     motion_steps) the kind / colour accuracy on shape tokens, the direction on moving tokens, and the
     structured heads' accuracies) and the heads. With `init` (a stage-1 cache), the model and the heads
@@ -666,7 +685,8 @@ def pretrain_vision(model, processor, steps: int, batch_size: int, lr: float, se
     for step in range(1, steps + 1):
         seeds = [seed * 10_000_019 + 7_000_000 + (first + step) * batch_size + i for i in range(batch_size)]
         clips = step > steps - motion_steps
-        batch = dense_batch(processor, seeds, structured=structured, motion=clips, recolour=recolour)
+        batch = dense_batch(processor, seeds, structured=structured, motion=clips, recolour=recolour,
+                            recolour_kinds=recolour_kinds)
         loss, _ = dense_scores(visual, heads, *batch, motion=clips)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -1054,14 +1074,14 @@ class ColourWordSwap:
 
 # --stage1-cache: the options that shape stage 1, which a cached one must match; a cache saved before an
 # option was recorded ran at that option's default
-STAGE1_DEFAULTS = {"structured": (), "motion_steps": 0, "recolour_share": 0.0, "seed": 0, "count_heads": "linear",
+STAGE1_DEFAULTS = {"structured": (), "motion_steps": 0, "recolour_share": 0.0, "recolour_kinds": "", "seed": 0, "count_heads": "linear",
                    "count_weight": COUNT_LOSS_WEIGHT, "init": None}
 
 
 def stage1_options(args, structured: tuple[str, ...], vocab: int) -> dict:
     """This run's stage-1 options, as a cache records them."""
     return {"vision_steps": args.vision_steps, "vocab": vocab, "structured": structured, "motion_steps": args.motion_steps,
-            "recolour_share": args.recolour_share, "seed": args.seed, "count_heads": args.count_heads,
+            "recolour_share": args.recolour_share, "recolour_kinds": args.recolour_kinds, "seed": args.seed, "count_heads": args.count_heads,
             "count_weight": args.count_weight, "init": args.stage1_init}
 
 
@@ -1150,6 +1170,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recolour-share", type=float, default=0.5,
                         help="stage 1 draws this share of the shapes in fills outside the palette (greys, limes, "
                              "teals, magentas), labelled with their kind only, so kinds are learned apart from colours")
+    parser.add_argument("--recolour-kinds", default="",
+                        help="KIND=SHARE,...: another --recolour-share for these kinds (the tower tells circles from "
+                             "hexagons by colour where it can: examples/probe_tower_shapes.py)")
     parser.add_argument("--text-steps", type=int, default=0,
                         help="stage 2 opens with this many steps of described scenes (text only) before any image")
     parser.add_argument("--text-every", type=int, default=0,
@@ -1241,6 +1264,10 @@ def main() -> None:
     structured = structured_heads(args.structured_heads)
     if not 0 <= args.recolour_share <= 1:
         parser.error(f"--recolour-share is {args.recolour_share}, not a share between 0 and 1")
+    try:
+        kind_shares(args.recolour_kinds)
+    except ValueError as error:
+        parser.error(f"--recolour-kinds: {error}")
     if not 0 <= args.polish_colour_swap <= 1:
         parser.error(f"--polish-colour-swap is {args.polish_colour_swap}, not a share between 0 and 1")
     if args.polish_colour_swap_max_shapes < 0 or (args.polish_colour_swap_max_shapes and not args.polish_colour_swap):
@@ -1339,6 +1366,7 @@ def main() -> None:
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every, structured=structured,
                                        motion_steps=args.motion_steps, recolour=args.recolour_share,
+                                       recolour_kinds=kind_shares(args.recolour_kinds),
                                        count_heads=args.count_heads, count_weight=args.count_weight, init=init)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")
@@ -1427,7 +1455,7 @@ def main() -> None:
     with open(os.path.join(args.out, "training_log.json"), "w") as handle:
         json.dump({"steps": args.steps, "word_tokenizer": args.word_tokenizer, "vocab_size": len(processor.tokenizer), "batch_size": args.batch_size, "micro_batches": args.micro_batches, "lr": args.lr, "adam_beta2": args.adam_beta2,
                    "warmup": args.warmup, "loss": args.loss, "tasks": args.tasks, "seed": args.seed,
-                   "vision_steps": args.vision_steps, "structured_heads": list(structured), "count_heads": args.count_heads, "count_weight": args.count_weight, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share,
+                   "vision_steps": args.vision_steps, "structured_heads": list(structured), "count_heads": args.count_heads, "count_weight": args.count_weight, "motion_steps": args.motion_steps, "vision_lr": args.vision_lr, "vision_batch_size": args.vision_batch_size, "recolour_share": args.recolour_share, "recolour_kinds": args.recolour_kinds,
                    "vision_lr_scale": args.vision_lr_scale, "deepstack_lr_scale": args.deepstack_lr_scale, "frame_difference_lr_scale": args.frame_difference_lr_scale, "text_steps": args.text_steps, "text_every": args.text_every,
                    "existence_group": args.existence_group, "position_group": args.position_group, "centre_group": args.centre_group, "count_group": args.count_group, "followups": args.followups,
                    "centre_steps": args.centre_steps, "centre_first": args.centre_first, "centre_mixed": args.centre_mixed, "centre_mixed_steps": args.centre_mixed_steps, "opening_steps": args.opening_steps, "opening_tasks": args.opening_tasks, "lr_schedule": args.lr_schedule,

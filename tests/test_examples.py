@@ -894,6 +894,19 @@ def test_stage_1_recoloured_shapes_keep_their_kind_and_lose_their_colour_label(t
     assert all(m["hash"] == content_hash(m["image"]) != s["hash"] for m, s, o in zip(mixed, samples, off) if o)
     everything = train_shapes.recoloured(samples[0], 1.0, np.random.default_rng(0))
     assert all("rgb" in shape for shape in everything["scene"]["shapes"])
+    # --recolour-kinds: another share for the kinds named (all their shapes here, no other), from the same draws
+    kinds = {shape["kind"] for s in samples for shape in s["scene"]["shapes"]}
+    named = sorted(kinds)[:2]
+    by_kind = [train_shapes.recoloured(s, 0.0, np.random.default_rng(i), {k: 1.0 for k in named}) for i, s in enumerate(samples)]
+    assert [[("rgb" in shape) == (shape["kind"] in named) for shape in m["scene"]["shapes"]] for m in by_kind] == [
+        [True] * len(s["scene"]["shapes"]) for s in samples]
+    assert sum("rgb" in shape for m in by_kind for shape in m["scene"]["shapes"]) >= 2
+    rng = np.random.default_rng(seeds)
+    assert [m["hash"] for m in (train_shapes.recoloured(s, 0.5, rng, {}) for s in samples)] == [m["hash"] for m in mixed]
+    assert train_shapes.kind_shares("circle=0.9,hexagon=1") == {"circle": 0.9, "hexagon": 1.0} and train_shapes.kind_shares("") == {}
+    for bad in ("circle=1.5", "oval=0.5", "circle"):
+        with pytest.raises(ValueError, match=f"{bad!r} is not KIND=SHARE"):
+            train_shapes.kind_shares(bad)
     structured = ("colour_count", "place")
     _, _, plain = train_shapes.dense_labels(processor, samples, structured)
     _, _, labels = train_shapes.dense_labels(processor, mixed, structured)
@@ -1180,6 +1193,7 @@ def test_stage_1_probes_every_eval_every_steps_and_at_its_end(tiny_tokenizer, mo
     (["--stage1-init", "no/such.pt"], "--stage1-init no/such.pt: no such file"),
     (["--stage1-init", "some.pt", "--vision-steps", "0"], "--stage1-init some.pt goes on with stage 1: give --vision-steps"),
     (["--micro-batches", "3"], "--micro-batches 3 does not split --batch-size 32 into equal micro-batches"),
+    (["--recolour-kinds", "circle=2"], "--recolour-kinds: 'circle=2' is not KIND=SHARE"),
     (["--stage2-cache", "s2.pt", "--init-from", "run", "--polish-steps", "1"],
      "--init-from skips stages 1 and 2, so --stage2-cache s2.pt has nothing to save or load")])
 def test_train_shapes_rejects_phases_it_cannot_run(tmp_path, flags, message):
@@ -1201,3 +1215,47 @@ def test_train_shapes_defaults_are_the_shipped_models_recipe():
     recorded = sorted(set(defaults) & set(log))
     assert len(recorded) == 42
     assert {name: log[name] for name in recorded} == {name: defaults[name] for name in recorded}
+
+
+def test_probe_tower_shapes_reads_each_shape_from_all_its_tokens():
+    probe = load_example("probe_tower_shapes")
+    shapes = probe.train_shapes
+    model, processor = shapes.build_model_and_processor(shapes.shapes_tokenizer(smoke=True), smoke=True)
+    samples = shapes.dense_samples(list(range(12)), split="validation")
+    _, _, labels = shapes.dense_labels(processor, samples)  # (N, kind / colour / centre): the tokens' true names
+    cell = processor.image_processor.patch_size * processor.image_processor.merge_size
+    owners = [torch.from_numpy(probe.cell_owners(s["scene"], cell=cell).reshape(-1)) for s in samples]
+    kinds = labels[:, 0].clone()
+    offset = 0
+    for owner in owners:  # every shape's first token names the next kind instead
+        for index in owner[owner >= 0].unique():
+            first = offset + int((owner == index).nonzero()[0])
+            kinds[first] = (kinds[first] + 1) % len(KINDS)
+        offset += len(owner)
+
+    def oracle(tokens):
+        assert len(tokens) == len(labels)
+        return {"kind": torch.nn.functional.one_hot(kinds, len(KINDS) + 1).float(),
+                "colour": torch.nn.functional.one_hot(labels[:, 1], len(COLOURS) + 1).float()}
+
+    rows = probe.shape_reads(model, processor, oracle, samples, batch_size=len(samples))
+    tokens = [int((owner == i).sum()) for s, owner in zip(samples, owners) for i in range(len(s["scene"]["shapes"]))]
+    assert [r["tokens"] for r in rows] == tokens and 1 in tokens and 2 in tokens and max(tokens) >= 3
+    claimed = [(r, n) for r, n in zip(rows, tokens) if n]
+    # one wrong token of n: (n - 1) / n of them right; pooled, n - 1 votes beat 1 from three tokens on
+    assert [r["kind_tokens"] for r, _ in claimed] == pytest.approx([(n - 1) / n for _, n in claimed])
+    assert [r["kind_pooled"] for r, n in claimed if n != 2] == [int(n >= 3) for _, n in claimed if n != 2]
+    assert all(r["colour_tokens"] == 1.0 and r["colour_pooled"] == 1 for r, _ in claimed)
+    assert all("kind_tokens" not in r for r, n in zip(rows, tokens) if not n)
+    summary = probe.breakdowns(rows)["all"]["all"]
+    assert summary["shapes"] == len(rows) and summary["unclaimed"] == round(tokens.count(0) / len(rows), 4)
+    assert summary["kind_pooled"] == round(sum(r["kind_pooled"] for r, _ in claimed) / len(claimed), 4)
+    # a one-token shape is read as the next kind, the one its only token names
+    one_token = [r for r, n in claimed if n == 1]
+    assert one_token and all(r["kind_read_as"] == (KINDS.index(r["kind"]) + 1) % len(KINDS) for r in one_token)
+    # shapes no token shows count as unclaimed, and not in the reads
+    read = {"tokens": 2, "kind": "star", "kind_tokens": 0.5, "kind_pooled": 0, "kind_read_as": KINDS.index("circle"),
+            "colour_tokens": 1.0, "colour_pooled": 1, "colour_read_as": 0}
+    assert probe.summary([{"tokens": 0, "kind": "star"}, read, dict(read, kind_pooled=1, kind_read_as=KINDS.index("star"))]) == {
+        "shapes": 3, "unclaimed": 0.3333, "kind_tokens": 0.5, "kind_pooled": 0.5, "colour_tokens": 1.0,
+        "colour_pooled": 1.0, "kind_misread_as": {"circle": 1}}

@@ -118,6 +118,12 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
         assert sum(entry["n_by_shapes"].values()) == entry["n"]
         weighted = sum(entry["accuracy_by_shapes"][n] * entry["n_by_shapes"][n] for n in entry["n_by_shapes"])
         assert abs(weighted / entry["n"] - entry["accuracy"]) <= 1e-3
+        # and each question's grade, in the order asked, for ship_check's paired comparison
+        assert len(entry["hits"]) == entry["n"] and set(entry["hits"]) <= {"0", "1"}
+        assert abs(entry["hits"].count("1") / entry["n"] - entry["accuracy"]) <= 1e-4
+    assert report["seed"] == 0 and len(report["questions_sha1"]) == 40
+    grounding = report["tasks"]["grounding"]
+    assert len(grounding["ious"]) == grounding["n"] and abs(sum(grounding["ious"]) / grounding["n"] - grounding["mean_iou"]) <= 1e-3
     assert 0.0 <= report["tasks"]["grounding"]["mean_iou"] <= 1.0
     assert 0.0 <= report["tasks"]["grounding"]["boxes_parsed"] <= 1.0
     caption = report["tasks"]["caption"]

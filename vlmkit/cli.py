@@ -142,7 +142,7 @@ def evaluate(model, processor, split: str = "test", num: int = 700, seed: int = 
                 entry[f"accuracy_{name}"] = round(sum(subset) / len(subset), 4)
         entry["accuracy"] = round(sum(hits) / len(hits), 4)
         # each question's grade, in the order asked: two models' reports on the same questions can then be
-        # compared pair by pair, with a smaller standard error than their accuracies (25-40% smaller between
+        # compared pair by pair, with a smaller standard error than their accuracies (24-39% smaller between
         # two runs of one recipe: benchmarks/ship_check.py prints both)
         entry["hits"] = "".join("1" if hit else "0" for hit in hits)
         # by the number of shapes in the scene: a model that sees colours but not kinds answers a

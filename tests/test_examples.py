@@ -1045,8 +1045,8 @@ def test_cosine_count_heads_score_counts_by_the_tokens_direction_and_report_its_
 
 def test_a_cached_stage_1_records_its_options_and_older_caches_read_as_the_defaults():
     train_shapes = load_example("train_shapes")
-    args = train_shapes.argparse.Namespace(vision_steps=4000, motion_steps=1250, recolour_share=0.5, seed=0,
-                                           count_heads="cosine", count_weight=0.1, stage1_init="place.pt")
+    args = train_shapes.argparse.Namespace(vision_steps=4000, motion_steps=1250, recolour_share=0.5, recolour_kinds="",
+                                           seed=0, count_heads="cosine", count_weight=0.1, stage1_init="place.pt")
     wanted = train_shapes.stage1_options(args, ("place", "total"), 512)
     cache = {"model": {"model.language_model.embed_tokens.weight": torch.zeros(512, 4)}, **wanted}
     assert train_shapes.cached_stage1_options(cache) == wanted
@@ -1054,6 +1054,9 @@ def test_a_cached_stage_1_records_its_options_and_older_caches_read_as_the_defau
     old = {"model": cache["model"], "vision_steps": 4000, "structured": ("place",), "motion_steps": 1250, "recolour_share": 0.5}
     held = train_shapes.cached_stage1_options(old)
     assert (held["seed"], held["count_heads"], held["count_weight"], held["init"]) == (0, "linear", pytest.approx(1 / 3), None)
+    assert held["recolour_kinds"] == ""  # and from before --recolour-kinds: none
+    assert train_shapes.option_differences(held, {**held, "recolour_kinds": "circle=0.9"}) == (
+        "recolour_kinds  (this run: circle=0.9)")
     assert train_shapes.option_differences(held, wanted) == (
         "structured place (this run: place,total), count_heads linear (this run: cosine), "
         "count_weight 0.3333333333333333 (this run: 0.1), init None (this run: place.pt)")
@@ -1103,15 +1106,18 @@ def test_stage_1_shows_clips_only_in_its_last_motion_steps(tiny_tokenizer, monke
     model, processor = train_shapes.build_model_and_processor(tiny_tokenizer, smoke=True)
     real_batch, calls = train_shapes.dense_batch, []
 
-    def recording_batch(processor, seeds, split="train", structured=(), motion=False, recolour=0.0):
-        calls.append((split, len(seeds), motion, recolour))
-        return real_batch(processor, seeds, split=split, structured=structured, motion=motion, recolour=recolour)
+    def recording_batch(processor, seeds, split="train", structured=(), motion=False, recolour=0.0, recolour_kinds=None):
+        calls.append((split, len(seeds), motion, recolour, recolour_kinds))
+        return real_batch(processor, seeds, split=split, structured=structured, motion=motion, recolour=recolour,
+                          recolour_kinds=recolour_kinds)
 
     monkeypatch.setattr(train_shapes, "dense_batch", recording_batch)
     curve, heads = train_shapes.pretrain_vision(model, processor, steps=3, batch_size=7, lr=1e-3, seed=0, eval_every=3,
-                                                motion_steps=1, recolour=0.25)
+                                                motion_steps=1, recolour=0.25, recolour_kinds={"star": 1.0})
     # the validation set (96 validation scenes, clips among them) is built once, then 2 steps of stills, 1 with clips
-    assert calls == [("validation", 96, True, 0.0), ("train", 7, False, 0.25), ("train", 7, False, 0.25), ("train", 7, True, 0.25)]
+    stars = {"star": 1.0}
+    assert calls == [("validation", 96, True, 0.0, None), ("train", 7, False, 0.25, stars), ("train", 7, False, 0.25, stars),
+                     ("train", 7, True, 0.25, stars)]
     assert heads.motion and [row["step"] for row in curve] == [3]
     assert {"motion", "still", "kind_heldout_pairs", "colour_heldout_pairs"} <= set(curve[0]) and 0 <= curve[0]["motion"] <= 1
 

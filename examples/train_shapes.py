@@ -1265,7 +1265,7 @@ def main() -> None:
     if not 0 <= args.recolour_share <= 1:
         parser.error(f"--recolour-share is {args.recolour_share}, not a share between 0 and 1")
     try:
-        kind_shares(args.recolour_kinds)
+        recolour_kinds = kind_shares(args.recolour_kinds)
     except ValueError as error:
         parser.error(f"--recolour-kinds: {error}")
     if not 0 <= args.polish_colour_swap <= 1:
@@ -1366,7 +1366,7 @@ def main() -> None:
         vision_curve, heads = pretrain_vision(model, processor, args.vision_steps, args.vision_batch_size, args.vision_lr, args.seed,
                                        eval_every=args.eval_every, structured=structured,
                                        motion_steps=args.motion_steps, recolour=args.recolour_share,
-                                       recolour_kinds=kind_shares(args.recolour_kinds),
+                                       recolour_kinds=recolour_kinds,
                                        count_heads=args.count_heads, count_weight=args.count_weight, init=init)
         vision_minutes = (time.time() - vision_start) / 60
         print(f"stage 1 (vision): {args.vision_steps} steps in {vision_minutes:.1f} min")

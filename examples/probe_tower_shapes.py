@@ -39,11 +39,7 @@ def load_stage1(path: str):
     tokenizer = train_shapes.shapes_tokenizer()
     model, processor = train_shapes.build_model_and_processor(tokenizer, smoke=False)
     model.load_state_dict(cached["model"])
-    options = train_shapes.cached_stage1_options(cached)
-    heads = train_shapes.NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                                   structured=options["structured"], motion=options["motion_steps"] > 0,
-                                   count_heads=options["count_heads"], count_weight=options["count_weight"])
-    heads.load_state_dict(cached["heads"])
+    heads = train_shapes.NameHeads.from_state(model, processor, train_shapes.cached_stage1_options(cached), cached["heads"])
     return model.eval(), processor, heads.eval()
 
 

@@ -478,6 +478,15 @@ class NameHeads(torch.nn.Module):
             return torch.nn.Linear(width, outputs[name])
         self.structured = torch.nn.ModuleDict({name: head(name) for name in self.structured_names if name not in WORD_HEADS})
 
+    @classmethod
+    def from_state(cls, model, processor, options: dict, state: dict) -> "NameHeads":
+        """The heads a stage 1 with `options` (stage1_options' keys) trained, as a cache saved them."""
+        heads = cls(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
+                    structured=options["structured"], motion=options["motion_steps"] > 0,
+                    count_heads=options["count_heads"], count_weight=options["count_weight"])
+        heads.load_state_dict(state)
+        return heads
+
     @property
     def motion(self) -> bool:
         return "motion" in self.name_ids
@@ -1322,13 +1331,8 @@ def main() -> None:
 
     def cached_heads(state: dict | None) -> NameHeads | None:
         """Stage 1's heads, as a cache saved them (for the probe after stage 2)."""
-        if state is None:
-            return None
-        heads = NameHeads(model.get_input_embeddings(), processor.tokenizer, model.config.vision_config.out_hidden_size,
-                          structured=structured, motion=args.motion_steps > 0, count_heads=args.count_heads,
-                          count_weight=args.count_weight)
-        heads.load_state_dict(state)
-        return heads
+        options = stage1_options(args, structured, model.config.text_config.vocab_size)
+        return None if state is None else NameHeads.from_state(model, processor, options, state)
 
     vision_curve, heads, vision_minutes = [], None, 0.0
     stage_2_cached = torch.load(args.stage2_cache) if args.stage2_cache and os.path.exists(args.stage2_cache) else None

@@ -66,6 +66,9 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
     assert train.returncode == 0, train.stderr[-3000:]
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["curve"]) >= 5 and all(p["loss"] > 0 for p in log["curve"])
+    # the machine its minutes were measured on (runs are compared across CPUs)
+    assert log["machine"]["threads"] >= 1 and log["machine"]["torch"] == torch.__version__
+    assert isinstance(log["machine"]["cpu"], str) and isinstance(log["machine"]["avx512"], bool)
     # 4 text-only steps open stage 2 (described scenes), 2 of the opening tasks, then 20 of the curriculum;
     # validation probes every 10 steps and at the end: exact match per task, with the image and with a blank one
     assert log["text_steps"] == 4 and log["text_every"] == 4

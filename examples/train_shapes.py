@@ -1220,7 +1220,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(OpeningCheck; 0: no check; default 0.7, and 0 with --smoke, whose 2-step opening "
                              "cannot reach it)")
     parser.add_argument("--opening-tries", type=int, default=2,
-                        help="with --opening-bar: this many openings in all, then the run stops with an error")
+                        help="with --opening-bar: this many openings in all, then the run stops with an error "
+                             "(and --out holds only failed_openings.json: each check, its curve, stage 1's curve)")
     parser.add_argument("--opening-tasks", default=",".join(OPENING_TASKS),
                         help="comma-separated tasks of the opening steps, in turn")
     parser.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant_with_warmup"])
@@ -1436,6 +1437,11 @@ def main() -> None:
             if check is None or not check.failed:
                 break
         else:
+            # no model to save, but what the tries measured is kept (not only in the output) for the record
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "failed_openings.json"), "w") as handle:
+                json.dump({"options": vars(args), "opening_checks": opening_checks, "vision_curve": vision_curve,
+                           "minutes": round(minutes_so_far(), 1), "machine": machine()}, handle, indent=1, default=str)
             raise SystemExit(f"stage 2's opening missed existence in all {args.opening_tries} tries: at step {opening_end}, "
                              + ", ".join(f"{c['existence']:.0%} (seed {c['seed']})" for c in opening_checks)
                              + f" of {len(check.samples)} validation questions right, below --opening-bar "

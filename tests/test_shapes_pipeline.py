@@ -167,8 +167,13 @@ def test_train_shapes_smoke_then_eval_and_demo(tmp_path):
 def test_train_shapes_stops_with_the_scores_when_every_opening_misses_existence(tmp_path):
     # no 6-step tiny model answers all 8 existence questions: both openings miss the bar
     result = run_train_shapes("--smoke", "--out", tmp_path / "run", "--opening-bar", "1", "--opening-tries", "2", "--seed", "3")
-    assert result.returncode != 0 and not (tmp_path / "run").exists()
+    assert result.returncode != 0 and not (tmp_path / "run" / "config.json").exists()  # no model
     checks = [json.loads(line)["opening_check"] for line in result.stdout.splitlines() if line.startswith('{"opening_check"')]
+    # what the tries measured is kept beside: each check with its validation curve, and stage 1's curve
+    record = json.loads((tmp_path / "run" / "failed_openings.json").read_text())
+    assert [(c["seed"], c["existence"]) for c in record["opening_checks"]] == [(3, checks[0]["existence"]), (4, checks[1]["existence"])]
+    assert all("evals" in c for c in record["opening_checks"]) and [row["step"] for row in record["vision_curve"]] == [10]
+    assert record["options"]["opening_bar"] == 1.0 and record["machine"]["threads"] >= 1
     assert [(c["step"], c["questions"], c["bar"]) for c in checks] == [(6, 8, 1.0)] * 2  # 4 text + 2 opening steps
     scores = [f"{c['existence']:.0%} (seed {seed})" for c, seed in zip(checks, (3, 4))]
     assert (f"stage 2's opening missed existence in all 2 tries: at step 6, {scores[0]}, {scores[1]} of 8 validation "
